@@ -1,0 +1,36 @@
+# gridd developer entry points. Every target builds its own .venv from pyproject.toml.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test lint format bench demo clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/pytest -n 2 --dist loadgroup -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check gridd tests bench
+	$(BIN)/ruff format --check gridd tests bench
+	$(BIN)/mypy
+
+format: $(STAMP)
+	$(BIN)/ruff format gridd tests bench
+	$(BIN)/ruff check --fix gridd tests bench
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+demo: $(STAMP)
+	$(BIN)/python -m gridd.demo
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,74 @@
+"""The Starlette application: routes, error handlers, and the ``Grid`` behind them."""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gridd.api.errors import EXCEPTION_HANDLERS
+from gridd.api.spec import RouteTable
+from gridd.api.sse import events_endpoint
+from gridd.model import Health, RepoState, VersionInfo, WireModel
+from gridd.service import Grid
+
+table = RouteTable()
+
+
+def wire(model: WireModel | list[WireModel], status: int = 200) -> JSONResponse:
+    if isinstance(model, list):
+        return JSONResponse([m.wire() for m in model], status_code=status)
+    return JSONResponse(model.wire(), status_code=status)
+
+
+def grid_of(request: Request) -> Grid:
+    grid: Grid = request.app.state.grid
+    return grid
+
+
+@table.add("GET", "/health", summary="Liveness check", response=Health)
+async def health(request: Request) -> Response:
+    return wire(grid_of(request).health())
+
+
+@table.add("GET", "/version", summary="Daemon and API version", response=VersionInfo)
+async def version(request: Request) -> Response:
+    return wire(grid_of(request).version())
+
+
+@table.add("GET", "/state", summary="Full RepoState snapshot", response=RepoState)
+async def state(request: Request) -> Response:
+    return wire(grid_of(request).state())
+
+
+@table.add("POST", "/shutdown", summary="Graceful daemon shutdown")
+async def shutdown(request: Request) -> Response:
+    grid = grid_of(request)
+    # Answer first, then stop: the caller deserves to hear that we heard it.
+    asyncio.get_running_loop().call_later(0.05, grid.request_shutdown)
+    return JSONResponse({"status": "shutting_down"}, status_code=202)
+
+
+@table.add(
+    "GET",
+    "/events",
+    summary="Server-Sent Events: the durable event log, replayable by Last-Event-ID",
+    query={"since": "replay events after this id", "types": "comma-separated event types"},
+    content_type="text/event-stream",
+)
+async def events(request: Request) -> Response:
+    return await events_endpoint(request)
+
+
+@table.add("GET", "/openapi.json", summary="This API's OpenAPI document")
+async def openapi(request: Request) -> Response:
+    return JSONResponse(request.app.state.openapi)
+
+
+def create_app(grid: Grid) -> Starlette:
+    app = Starlette(routes=table.routes(), exception_handlers=EXCEPTION_HANDLERS)  # type: ignore[arg-type]
+    app.state.grid = grid
+    app.state.openapi = table.openapi()
+    return app

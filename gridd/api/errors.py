@@ -1,0 +1,146 @@
+"""Every failure a client can cause becomes ``{"error": {"code", "message", "details"}}``.
+
+Request bodies and query parameters are parsed here, so malformed input is a 400 and
+invalid values a 422 naming the field, never a 500.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gridd.errors import BadRequest, GriddError, StoreError, ValidationFailed
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "validation_failed",
+}
+
+
+def error_response(status: int, code: str, message: str, details: Any = None) -> JSONResponse:
+    body = {"error": {"code": code, "message": message, "details": details or {}}}
+    return JSONResponse(body, status_code=status)
+
+
+async def handle_gridd_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GriddError)
+    status = exc.status
+    if isinstance(exc, StoreError):
+        status = 507 if exc.code == "disk_full" else 503
+        log.error("store error on %s %s: %s", request.method, request.url.path, exc.message)
+    return error_response(status, exc.code, exc.message, exc.details)
+
+
+async def handle_http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = _HTTP_CODES.get(exc.status_code, "http_error")
+    if exc.status_code == 404:
+        message = f"no such endpoint: {request.method} {request.url.path}"
+    elif exc.status_code == 405:
+        message = f"method {request.method} not allowed on {request.url.path}"
+    else:
+        message = str(exc.detail)
+    response = error_response(exc.status_code, code, message, {"path": request.url.path})
+    if exc.headers:
+        response.headers.update(exc.headers)
+    return response
+
+
+async def handle_unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(
+        500,
+        "internal_error",
+        "gridd hit an unexpected error; details are in .grid/gridd.log",
+        {"type": type(exc).__name__},
+    )
+
+
+EXCEPTION_HANDLERS = {
+    GriddError: handle_gridd_error,
+    HTTPException: handle_http_error,
+    Exception: handle_unexpected,
+}
+
+
+async def read_json(request: Request) -> Any:
+    """The request body as JSON; an empty body is ``None``."""
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise BadRequest(f"request body larger than {MAX_BODY_BYTES} bytes", code="payload_too_large")
+    if not body.strip():
+        return None
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(
+            f"request body is not valid JSON: {exc}", code="malformed_json", details={}
+        ) from None
+
+
+def validation_details(exc: ValidationError) -> list[dict[str, Any]]:
+    return [
+        {"field": ".".join(str(p) for p in err["loc"]) or "(body)", "problem": err["msg"]}
+        for err in exc.errors()
+    ]
+
+
+def validate(model: type[M], data: Any) -> M:
+    """Validate ``data`` against ``model``; a 422 naming each bad field otherwise."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = validation_details(exc)
+        first = problems[0]
+        raise ValidationFailed(
+            f"invalid request: {first['field']}: {first['problem']}",
+            details={"problems": problems},
+        ) from None
+
+
+async def read_body(request: Request, model: type[M]) -> M:
+    data = await read_json(request)
+    return validate(model, {} if data is None else data)
+
+
+def query_int(request: Request, name: str, *, minimum: int = 0) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(
+            f"query parameter '{name}' must be an integer, got {raw!r}",
+            code="bad_query",
+            details={"parameter": name},
+        ) from None
+    if value < minimum:
+        raise ValidationFailed(
+            f"query parameter '{name}' must be >= {minimum}", details={"parameter": name}
+        )
+    return value
+
+
+def query_flag(request: Request, name: str) -> bool:
+    raw = request.query_params.get(name, "").lower()
+    return raw in {"1", "true", "yes", "on"}

@@ -1,0 +1,157 @@
+"""A tiny route table that also yields ``/openapi.json`` from the pydantic models.
+
+Each endpoint is declared once with its request and response models; Starlette routes and
+the OpenAPI document are both derived from that declaration, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gridd import API_VERSION, __version__
+from gridd.model import ErrorBody
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+@dataclass
+class Endpoint:
+    method: str
+    path: str
+    handler: Handler
+    summary: str
+    body: type[BaseModel] | None = None
+    response: type[BaseModel] | None = None
+    response_list: bool = False
+    query: dict[str, str] = field(default_factory=dict)
+    content_type: str = "application/json"
+
+
+class RouteTable:
+    def __init__(self) -> None:
+        self.endpoints: list[Endpoint] = []
+
+    def add(
+        self,
+        method: str,
+        path: str,
+        *,
+        summary: str,
+        body: type[BaseModel] | None = None,
+        response: type[BaseModel] | None = None,
+        response_list: bool = False,
+        query: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> Callable[[Handler], Handler]:
+        def register(handler: Handler) -> Handler:
+            self.endpoints.append(
+                Endpoint(
+                    method=method,
+                    path=path,
+                    handler=handler,
+                    summary=summary,
+                    body=body,
+                    response=response,
+                    response_list=response_list,
+                    query=query or {},
+                    content_type=content_type,
+                )
+            )
+            return handler
+
+        return register
+
+    def routes(self) -> list[Route]:
+        by_path: dict[str, dict[str, Handler]] = {}
+        for ep in self.endpoints:
+            by_path.setdefault(ep.path, {})[ep.method] = ep.handler
+        routes = []
+        for path, methods in by_path.items():
+            routes.append(_method_route(path, methods))
+        return routes
+
+    def openapi(self) -> dict[str, Any]:
+        models: dict[str, type[BaseModel]] = {"ErrorBody": ErrorBody}
+        paths: dict[str, dict[str, Any]] = {}
+        for ep in self.endpoints:
+            op: dict[str, Any] = {"summary": ep.summary, "responses": {}}
+            params = _path_params(ep.path)
+            params += [
+                {"name": n, "in": "query", "required": False, "description": d, "schema": {}}
+                for n, d in ep.query.items()
+            ]
+            if params:
+                op["parameters"] = params
+            if ep.body is not None:
+                models[ep.body.__name__] = ep.body
+                op["requestBody"] = {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref(ep.body)}},
+                }
+            ok: dict[str, Any] = {"description": "OK"}
+            if ep.response is not None:
+                models[ep.response.__name__] = ep.response
+                schema = _ref(ep.response)
+                if ep.response_list:
+                    schema = {"type": "array", "items": schema}
+                ok["content"] = {ep.content_type: {"schema": schema}}
+            elif ep.content_type != "application/json":
+                ok["content"] = {ep.content_type: {"schema": {"type": "string"}}}
+            op["responses"]["200"] = ok
+            op["responses"]["4XX"] = {
+                "description": "Client error",
+                "content": {"application/json": {"schema": _ref(ErrorBody)}},
+            }
+            paths.setdefault(_openapi_path(ep.path), {})[ep.method.lower()] = op
+        schemas: dict[str, Any] = {}
+        for name, model in models.items():
+            schema = model.model_json_schema(
+                by_alias=True, ref_template="#/components/schemas/{model}"
+            )
+            schemas.update(schema.pop("$defs", {}))
+            schemas[name] = schema
+        return {
+            "openapi": "3.1.0",
+            "info": {
+                "title": "gridd",
+                "version": __version__,
+                "description": f"gridd API version {API_VERSION}, served on .grid/gridd.sock",
+            },
+            "paths": paths,
+            "components": {"schemas": schemas},
+        }
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def _openapi_path(path: str) -> str:
+    return path.replace(":path}", "}")
+
+
+def _path_params(path: str) -> list[dict[str, Any]]:
+    params = []
+    for part in path.split("/"):
+        if part.startswith("{") and part.endswith("}"):
+            name = part[1:-1].split(":")[0]
+            params.append({"name": name, "in": "path", "required": True, "schema": {"type": "string"}})
+    return params
+
+
+def _method_route(path: str, methods: dict[str, Handler]) -> Route:
+    async def dispatch(request: Request) -> Response:
+        return await methods[request.method](request)
+
+    allowed = list(methods)
+    if "GET" in allowed and "HEAD" not in allowed:
+        methods = {**methods, "HEAD": methods["GET"]}
+        allowed.append("HEAD")
+    return Route(path, dispatch, methods=allowed)

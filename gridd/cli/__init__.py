@@ -1,0 +1,1 @@
+"""Command-line entry points: ``gridd`` (the daemon) and ``gridctl`` (the client)."""

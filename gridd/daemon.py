@@ -1,0 +1,263 @@
+"""The composition root: lock the workspace, bind the socket, build the Grid, serve.
+
+Order matters and is the point of this module:
+1. ``flock`` on ``.grid/gridd.lock`` before anything else (one daemon per workspace);
+2. config and database, failing loudly and early;
+3. bind ``gridd.sock`` ourselves under umask 0o177, removing a leftover socket only when
+   ``connect()`` proves nobody is behind it;
+4. serve with uvicorn on that socket; write ``gridd.pid`` once it accepts connections;
+5. on SIGTERM/SIGINT/``POST /shutdown``: end SSE streams, stop accepting, flush, remove
+   the socket and pid file, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import logging
+import logging.handlers
+import os
+import signal
+import socket
+import stat
+import sys
+from collections.abc import Callable, Generator
+from pathlib import Path
+
+import uvicorn
+from uvicorn.config import HTTP_PROTOCOLS
+from uvicorn.importer import import_from_string
+
+from gridd.api import create_app
+from gridd.api.peercred import peer_checked
+from gridd.errors import AlreadyRunning, GriddError, WorkspaceError
+from gridd.service import Grid
+from gridd.settings import Settings, load_settings
+from gridd.store import Store
+from gridd.workspace import Workspace, find_workspace
+
+log = logging.getLogger("gridd")
+
+
+# -- single instance ------------------------------------------------------------------------
+
+
+def acquire_lock(ws: Workspace) -> int:
+    """Take the workspace lock or raise AlreadyRunning naming the holder's pid."""
+    fd = os.open(ws.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _read_pid(fd)
+        os.close(fd)
+        raise AlreadyRunning(str(ws.root), holder) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        return int(os.pread(fd, 32, 0).decode().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def read_pid_file(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+# -- the socket -----------------------------------------------------------------------------
+
+
+def bind_socket(path: Path, *, backlog: int = 128) -> socket.socket:
+    """Bind a 0600 Unix socket at ``path``; never steal a live one."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISSOCK(st.st_mode):
+            raise WorkspaceError(
+                f"{path} exists and is not a socket; remove it by hand if it is not needed",
+                code="socket_path_occupied",
+            )
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except ConnectionRefusedError:
+            log.info("removing stale socket %s (nothing listening)", path)
+            path.unlink(missing_ok=True)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise WorkspaceError(f"cannot probe existing socket {path}: {exc}") from None
+        else:
+            raise WorkspaceError(
+                f"another process is serving {path}; refusing to replace a live socket",
+                code="socket_in_use",
+            )
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    except OSError as exc:
+        sock.close()
+        raise WorkspaceError(f"cannot bind {path}: {exc.strerror}") from None
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o600)
+    sock.listen(backlog)
+    sock.setblocking(False)
+    return sock
+
+
+# -- logging ----------------------------------------------------------------------------------
+
+
+def setup_logging(ws: Workspace, settings: Settings) -> None:
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    stderr = logging.StreamHandler(sys.stderr)
+    stderr.setFormatter(fmt)
+    root.addHandler(stderr)
+    rotating = logging.handlers.RotatingFileHandler(
+        ws.log_path,
+        maxBytes=settings.daemon.log_max_bytes,
+        backupCount=settings.daemon.log_backups,
+        encoding="utf-8",
+    )
+    rotating.setFormatter(fmt)
+    root.addHandler(rotating)
+    root.setLevel(settings.daemon.log_level)
+
+
+# -- serving ------------------------------------------------------------------------------------
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, with our own signal handling (flags only) and a hook once it accepts."""
+
+    def __init__(self, config: uvicorn.Config, *, on_started: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_started = on_started
+        self.on_signal: Callable[[int], None] = lambda sig: None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            self._on_started()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        # uvicorn re-raises a captured SIGTERM after serving, which would turn a graceful
+        # stop into exit status 143. We only set flags, and exit 0 like any clean stop.
+        loop = asyncio.get_running_loop()
+        sigs = (signal.SIGTERM, signal.SIGINT)
+        for sig in sigs:
+            loop.add_signal_handler(sig, self._handle_signal, sig)
+        try:
+            yield
+        finally:
+            for sig in sigs:
+                loop.remove_signal_handler(sig)
+
+    def _handle_signal(self, sig: int) -> None:
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+            return
+        log.info("received %s; shutting down", signal.Signals(sig).name)
+        self.on_signal(sig)
+
+
+def _write_pid_file(path: Path) -> None:
+    tmp = path.with_suffix(".pid.tmp")
+    tmp.write_text(f"{os.getpid()}\n")
+    os.replace(tmp, path)
+
+
+async def serve(ws: Workspace, settings: Settings, store: Store, sock: socket.socket) -> None:
+    grid = Grid(workspace=ws, settings=settings, store=store)
+    app = create_app(grid)
+    protocol = peer_checked(import_from_string(HTTP_PROTOCOLS["auto"]), os.getuid())
+    config = uvicorn.Config(
+        app,
+        http=protocol,
+        lifespan="off",
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=int(settings.daemon.shutdown_timeout_seconds),
+        timeout_keep_alive=30,
+    )
+
+    def started() -> None:
+        _write_pid_file(ws.pid_path)
+        log.info("gridd %s ready on %s (pid %d)", grid.version().version, ws.socket_path, os.getpid())
+
+    server = _Server(config, on_started=started)
+
+    def stop_serving() -> None:
+        server.should_exit = True
+
+    grid.on_shutdown_request(stop_serving)
+    server.on_signal = lambda sig: grid.request_shutdown()
+    await grid.start()
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        await grid.stop()
+
+
+def run(workspace: Path | None = None) -> int:
+    """Run the daemon in the foreground until it is told to stop. Returns the exit status."""
+    try:
+        ws = find_workspace(workspace)
+        ws.check_socket_path()
+        ws.ensure_grid_dir()
+        lock_fd = acquire_lock(ws)
+    except GriddError as exc:
+        print(f"gridd: {exc.message}", file=sys.stderr)
+        return 1
+    sock_inode: int | None = None
+    store: Store | None = None
+    logging_ready = False
+    try:
+        settings = load_settings(ws.config_path)
+        setup_logging(ws, settings)
+        logging_ready = True
+        store = Store.open(ws.db_path)
+        sock = bind_socket(ws.socket_path)
+        sock_inode = os.stat(ws.socket_path).st_ino
+        asyncio.run(serve(ws, settings, store, sock))
+        return 0
+    except GriddError as exc:
+        if logging_ready:
+            log.error("%s", exc.message)
+        else:
+            print(f"gridd: {exc.message}", file=sys.stderr)
+        return 1
+    finally:
+        _remove_if_ours(ws.pid_path, lambda p: read_pid_file(p) == os.getpid())
+        if sock_inode is not None:
+            _remove_if_ours(ws.socket_path, lambda p: p.stat().st_ino == sock_inode)
+        if store is not None:
+            store.close()
+        os.close(lock_fd)
+
+
+def _remove_if_ours(path: Path, ours: Callable[[Path], bool]) -> None:
+    try:
+        if ours(path):
+            path.unlink()
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            log.warning("could not remove %s: %s", path, exc)

@@ -1,0 +1,109 @@
+"""The one exception tree gridd raises, and how each maps to an HTTP answer.
+
+    GriddError                       code, message, details, status (HTTP)
+    ├── ApiError                     anything a client did wrong: a 4xx
+    │   ├── BadRequest         400   malformed JSON, unreadable body
+    │   ├── NotFound           404   unknown path or id
+    │   ├── MethodNotAllowed   405
+    │   ├── Conflict           409   the request clashes with current state
+    │   └── ValidationFailed   422   well-formed but invalid values
+    ├── WorkspaceError               no git repository, path too deep for a socket
+    ├── ConfigError                  .grid/config.toml is invalid (names the key)
+    ├── AlreadyRunning               another gridd holds the workspace lock
+    ├── StoreError                   the SQLite state cannot be used
+    └── DaemonUnreachable            (client side) nothing answers on the socket
+
+Every error carries data (``code``, ``details``) so that the API can render
+``{"error": {"code", "message", "details"}}`` and the CLI can print something useful.
+``transient`` says whether retrying the same thing later may succeed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class GriddError(Exception):
+    """Base of everything gridd raises on purpose."""
+
+    code = "error"
+    status = 500
+    transient = False
+
+    def __init__(self, message: str, *, code: str | None = None, details: Any = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.details = details if details is not None else {}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message, "details": self.details}}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(code={self.code!r}, message={self.message!r})"
+
+
+class ApiError(GriddError):
+    """A client error; always rendered with a 4xx status."""
+
+    status = 400
+
+
+class BadRequest(ApiError):
+    code = "bad_request"
+    status = 400
+
+
+class NotFound(ApiError):
+    code = "not_found"
+    status = 404
+
+
+class MethodNotAllowed(ApiError):
+    code = "method_not_allowed"
+    status = 405
+
+
+class Conflict(ApiError):
+    code = "conflict"
+    status = 409
+
+
+class ValidationFailed(ApiError):
+    code = "validation_failed"
+    status = 422
+
+
+class Forbidden(ApiError):
+    code = "forbidden"
+    status = 403
+
+
+class WorkspaceError(GriddError):
+    code = "workspace_error"
+
+
+class ConfigError(GriddError):
+    code = "config_invalid"
+
+
+class AlreadyRunning(GriddError):
+    code = "already_running"
+
+    def __init__(self, workspace: str, pid: int | None) -> None:
+        pid_text = str(pid) if pid is not None else "unknown"
+        super().__init__(
+            f"gridd is already running for {workspace} (pid {pid_text})",
+            details={"workspace": workspace, "pid": pid},
+        )
+        self.pid = pid
+
+
+class StoreError(GriddError):
+    code = "store_error"
+
+
+class DaemonUnreachable(GriddError):
+    code = "daemon_unreachable"
+    transient = True

@@ -1,0 +1,133 @@
+"""The event bus: every state change is appended to the durable log, then fanned out.
+
+``publish`` is synchronous: the event is in SQLite before any subscriber sees it, and ids
+are handed out in the order subscribers receive them. Each subscriber owns a bounded queue;
+one that falls behind is dropped (it resumes from its last id with Last-Event-ID and loses
+nothing) so a slow client can never slow the others or grow memory without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from gridd.model import Event
+from gridd.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class Subscriber:
+    """One live consumer of the bus (an SSE stream, a test, the CLI's follower)."""
+
+    def __init__(self, *, types: frozenset[str] | None, maxsize: int, after: int) -> None:
+        self.types = types
+        self.after = after  # events with id <= after were already replayed from the log
+        self.queue: asyncio.Queue[Event | None] = asyncio.Queue(maxsize)
+        self.dropped = False
+        self.closed = False
+
+    def wants(self, event: Event) -> bool:
+        return self.types is None or event.type in self.types
+
+    def _offer(self, event: Event) -> bool:
+        try:
+            self.queue.put_nowait(event)
+        except asyncio.QueueFull:
+            self.dropped = True
+            return False
+        return True
+
+    def _close(self) -> None:
+        self.closed = True
+        try:
+            self.queue.put_nowait(None)
+        except asyncio.QueueFull:
+            pass  # the reader checks ``closed`` after each item
+
+    async def get(self, timeout: float | None = None) -> Event | None:
+        """The next event, or None when the stream must end (closed, dropped or timeout)."""
+        if self.dropped or self.closed:
+            return None
+        try:
+            item = await asyncio.wait_for(self.queue.get(), timeout)
+        except TimeoutError:
+            return None
+        if item is None or self.dropped or self.closed:
+            return None
+        return item
+
+    @property
+    def ended(self) -> bool:
+        return self.dropped or self.closed
+
+
+class EventBus:
+    """Append-then-publish. Also wakes internal listeners (the scheduler) on every event."""
+
+    def __init__(self, store: Store, *, queue_size: int) -> None:
+        self._store = store
+        self._queue_size = queue_size
+        self._subscribers: set[Subscriber] = set()
+        self._listeners: list[Callable[[Event], None]] = []
+        self._closed = False
+        self.last_id = store.last_event_id()
+        self.dropped_total = 0
+
+    @property
+    def subscriber_count(self) -> int:
+        return len(self._subscribers)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def publish(self, type_: str, data: dict[str, Any] | None = None) -> Event:
+        event = self._store.append_event(type_, data or {})
+        self.last_id = event.id
+        for sub in list(self._subscribers):
+            if sub.wants(event) and not sub._offer(event):
+                self._subscribers.discard(sub)
+                self.dropped_total += 1
+                log.warning("event subscriber fell behind at event %d; disconnecting it", event.id)
+        for listener in self._listeners:
+            listener(event)
+        return event
+
+    def subscribe(self, *, types: Iterable[str] | None = None, after: int | None = None) -> Subscriber:
+        """Register a live subscriber that receives every event with id > ``after``.
+
+        Must be called with no ``await`` between the caller's last read of the log and this
+        call, so that nothing is published in between (no gap, no duplicate).
+        """
+        sub = Subscriber(
+            types=frozenset(types) if types else None,
+            maxsize=self._queue_size,
+            after=self.last_id if after is None else after,
+        )
+        if self._closed:
+            sub._close()
+        else:
+            self._subscribers.add(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        self._subscribers.discard(sub)
+
+    def add_listener(self, listener: Callable[[Event], None]) -> None:
+        self._listeners.append(listener)
+
+    def close(self) -> None:
+        """End every live stream (daemon shutdown)."""
+        self._closed = True
+        for sub in list(self._subscribers):
+            sub._close()
+        self._subscribers.clear()
+
+    def replay(self, since: int, *, types: Iterable[str] | None = None, limit: int = 500) -> list[Event]:
+        return self._store.events_after(since, types=types, limit=limit)
+
+    def oldest_id(self) -> int:
+        return self._store.first_event_id()

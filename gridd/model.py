@@ -1,0 +1,170 @@
+"""The domain: tasks, agents, questions, the session, events and the RepoState view.
+
+These pydantic models are the wire format too (camelCase, as the covend proposal's
+``RepoState``); the daemon, the client and ``gridctl`` share them.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def isotime(value: datetime | None) -> str | None:
+    return value.isoformat().replace("+00:00", "Z") if value is not None else None
+
+
+class WireModel(BaseModel):
+    """camelCase on the wire, snake_case in Python."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+    def wire(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+class TaskStatus(StrEnum):
+    PENDING = "pending"  # dependencies not done
+    READY = "ready"
+    WORKING = "working"
+    REVIEW = "review"  # agent finished; changes on its branch
+    DONE = "done"
+    FAILED = "failed"
+    BLOCKED = "blocked"  # needs a human
+    CANCELLED = "cancelled"
+
+
+#: Statuses a task never leaves on its own.
+TERMINAL_TASK_STATUSES = frozenset({TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED})
+
+
+class Task(WireModel):
+    id: str
+    title: str
+    prompt: str = ""
+    priority: int = Field(2, ge=0, le=4)
+    depends_on: list[str] = Field(default_factory=list)
+    labels: list[str] = Field(default_factory=list)
+    agent: str | None = None
+    max_attempts: int = Field(3, ge=1)
+    timeout_seconds: float | None = None
+    status: TaskStatus = TaskStatus.PENDING
+    attempts: int = 0
+    source: str = "native"
+    branch: str | None = None
+    worktree: str | None = None
+    error: str | None = None
+    changed_files: list[str] = Field(default_factory=list)
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+class AgentStatus(StrEnum):
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    EXITED = "exited"
+
+
+class Agent(WireModel):
+    id: str
+    task_id: str
+    profile: str
+    worktree_path: str
+    pid: int | None = None
+    status: AgentStatus = AgentStatus.STARTING
+    started_at: datetime = Field(default_factory=utcnow)
+    ended_at: datetime | None = None
+    exit_code: int | None = None
+    last_output: str = ""
+    output_seq: int = 0
+
+
+class Question(WireModel):
+    id: str
+    agent_id: str
+    task_id: str
+    type: str = "clarification"
+    question: str
+    options: list[str] = Field(default_factory=list)
+    asked_at: datetime = Field(default_factory=utcnow)
+
+
+class SessionState(WireModel):
+    started: bool = False
+    feature_branch: str | None = None
+    max_agents: int = 3
+    started_at: datetime | None = None
+
+
+class Stats(WireModel):
+    pending: int = 0
+    ready: int = 0
+    working: int = 0
+    review: int = 0
+    done: int = 0
+    failed: int = 0
+    blocked: int = 0
+    cancelled: int = 0
+
+
+class DaemonInfo(WireModel):
+    version: str
+    api_version: int
+    pid: int
+    uptime: float
+    workspace: str
+    started_at: datetime
+    last_event_id: int
+    subscribers: int
+    last_beads_sync: datetime | None = None
+    warnings: list[str] = Field(default_factory=list)
+
+
+class RepoState(WireModel):
+    session: SessionState
+    tasks: list[Task]
+    agents: list[Agent]
+    pending_questions: list[Question]
+    stats: Stats
+    daemon: DaemonInfo
+
+
+class Event(WireModel):
+    """One entry of the durable event log; ``id`` increases strictly."""
+
+    id: int
+    type: str
+    data: dict[str, Any]
+    ts: datetime
+
+
+class VersionInfo(WireModel):
+    version: str
+    api_version: int
+    pid: int
+    python: str
+
+
+class Health(WireModel):
+    status: str = "ok"
+    pid: int
+    uptime: float
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    details: Any = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail

@@ -1,0 +1,224 @@
+"""Persistence: one SQLite database (WAL mode) owning the event log and domain state.
+
+Only this module talks SQL. The schema is versioned (``PRAGMA user_version``) and grows by
+appending to ``MIGRATIONS``. A database that cannot be read is never replaced silently: it
+is moved aside to ``gridd.db.corrupt-<timestamp>`` and the move is reported to the caller,
+who publishes it as an event and a health warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from gridd.errors import StoreError
+from gridd.model import Event, isotime, utcnow
+
+log = logging.getLogger(__name__)
+
+#: Each entry upgrades the schema by one version; never edit a released entry.
+MIGRATIONS: list[str] = [
+    # 1: the durable event log
+    """
+    CREATE TABLE events (
+        id   INTEGER PRIMARY KEY AUTOINCREMENT,
+        type TEXT NOT NULL,
+        data TEXT NOT NULL,
+        ts   TEXT NOT NULL
+    );
+    CREATE INDEX events_type ON events(type, id);
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    """,
+]
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+@dataclass
+class OpenReport:
+    """What happened while opening the database, for the daemon to announce."""
+
+    quarantined: list[Path] = field(default_factory=list)
+    reason: str | None = None
+
+
+def _quarantine(db_path: Path, reason: str) -> list[Path]:
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    moved = []
+    for suffix in ("", "-wal", "-shm"):
+        src = Path(f"{db_path}{suffix}")
+        if src.exists():
+            dst = Path(f"{db_path}.corrupt-{stamp}{suffix}")
+            src.rename(dst)
+            moved.append(dst)
+    log.error(
+        "STATE DATABASE UNREADABLE (%s): moved aside to %s; starting with a new, empty database",
+        reason,
+        ", ".join(str(p) for p in moved),
+    )
+    return moved
+
+
+class Store:
+    """The daemon's SQLite state. Methods are synchronous and fast (WAL, NORMAL sync)."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path, report: OpenReport) -> None:
+        self._conn = conn
+        self.path = path
+        self.report = report
+
+    # -- opening -------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: Path) -> Store:
+        """Open (creating or migrating) the database; quarantine it if it is corrupt."""
+        report = OpenReport()
+        try:
+            conn = cls._connect_and_migrate(path)
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError) and "disk" in str(exc).lower():
+                raise StoreError(f"cannot open {path}: {exc}", code="disk_full") from None
+            report.reason = str(exc)
+            report.quarantined = _quarantine(path, str(exc))
+            try:
+                conn = cls._connect_and_migrate(path)
+            except sqlite3.DatabaseError as exc2:
+                raise StoreError(f"cannot create a new database at {path}: {exc2}") from None
+        return cls(conn, path, report)
+
+    @staticmethod
+    def _connect_and_migrate(path: Path) -> sqlite3.Connection:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            check = conn.execute("PRAGMA quick_check").fetchone()
+            if check is None or check[0] != "ok":
+                raise sqlite3.DatabaseError(f"integrity check failed: {check}")
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                conn.close()
+                raise StoreError(
+                    f"{path} has schema version {version}, newer than this gridd understands"
+                    f" ({SCHEMA_VERSION}); run the newer gridd or restore a backup",
+                    code="schema_too_new",
+                )
+            for target in range(version + 1, SCHEMA_VERSION + 1):
+                conn.execute("BEGIN IMMEDIATE")
+                for statement in _split_sql(MIGRATIONS[target - 1]):
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {target}")
+                conn.execute("COMMIT")
+                log.info("state database migrated to schema version %d", target)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def close(self) -> None:
+        try:
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error:
+            pass
+        self._conn.close()
+
+    # -- low-level helpers --------------------------------------------------------------
+
+    def _exec(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+        try:
+            return self._conn.execute(sql, params)
+        except sqlite3.OperationalError as exc:
+            text = str(exc).lower()
+            code = "disk_full" if "full" in text else "store_error"
+            raise StoreError(f"state database error: {exc}", code=code) from exc
+
+    def transaction(self) -> _Transaction:
+        return _Transaction(self._conn)
+
+    # -- events --------------------------------------------------------------------------
+
+    def append_event(self, type_: str, data: dict[str, Any], ts: datetime | None = None) -> Event:
+        ts = ts or utcnow()
+        payload = json.dumps(data, separators=(",", ":"), default=str)
+        cur = self._exec(
+            "INSERT INTO events(type, data, ts) VALUES (?, ?, ?)", (type_, payload, isotime(ts))
+        )
+        event_id = cur.lastrowid
+        assert event_id is not None
+        return Event(id=event_id, type=type_, data=data, ts=ts)
+
+    def events_after(
+        self, since: int, *, types: Iterable[str] | None = None, limit: int = 500
+    ) -> list[Event]:
+        type_list = sorted(set(types)) if types else None
+        if type_list:
+            marks = ",".join("?" * len(type_list))
+            rows = self._exec(
+                f"SELECT id, type, data, ts FROM events WHERE id > ? AND type IN ({marks})"
+                " ORDER BY id LIMIT ?",
+                (since, *type_list, limit),
+            ).fetchall()
+        else:
+            rows = self._exec(
+                "SELECT id, type, data, ts FROM events WHERE id > ? ORDER BY id LIMIT ?",
+                (since, limit),
+            ).fetchall()
+        return [
+            Event(id=r[0], type=r[1], data=json.loads(r[2]), ts=datetime.fromisoformat(r[3]))
+            for r in rows
+        ]
+
+    def last_event_id(self) -> int:
+        row = self._exec("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
+        return int(row[0]) if row else 0
+
+    def first_event_id(self) -> int:
+        """The oldest id still retained (``last + 1`` when the log is empty)."""
+        row = self._exec("SELECT MIN(id) FROM events").fetchone()
+        return int(row[0]) if row and row[0] is not None else self.last_event_id() + 1
+
+    def prune_events(self, retain: int) -> int:
+        """Drop all but the newest ``retain`` events; returns how many were removed."""
+        cutoff = self.last_event_id() - retain
+        if cutoff <= 0:
+            return 0
+        cur = self._exec("DELETE FROM events WHERE id <= ?", (cutoff,))
+        return cur.rowcount
+
+    # -- key/value metadata ----------------------------------------------------------------
+
+    def get_meta(self, key: str) -> str | None:
+        row = self._exec("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return str(row[0]) if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._exec(
+            "INSERT INTO meta(key, value) VALUES (?, ?)"
+            " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
+
+
+class _Transaction:
+    """``with store.transaction():`` groups writes atomically."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def __enter__(self) -> None:
+        self._conn.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self._conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
+
+
+def _split_sql(script: str) -> list[str]:
+    return [s.strip() for s in script.split(";") if s.strip()]

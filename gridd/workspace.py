@@ -1,0 +1,99 @@
+"""The workspace: which git repository gridd serves and where its state lives (``.grid/``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from gridd.errors import WorkspaceError
+
+#: sun_path is 108 bytes on Linux (104 on macOS) including the terminating NUL.
+SOCKET_PATH_MAX = 107
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Paths of one workspace's state directory."""
+
+    root: Path
+
+    @property
+    def grid_dir(self) -> Path:
+        return self.root / ".grid"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.grid_dir / "gridd.sock"
+
+    @property
+    def pid_path(self) -> Path:
+        return self.grid_dir / "gridd.pid"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.grid_dir / "gridd.lock"
+
+    @property
+    def log_path(self) -> Path:
+        return self.grid_dir / "gridd.log"
+
+    @property
+    def db_path(self) -> Path:
+        return self.grid_dir / "gridd.db"
+
+    @property
+    def config_path(self) -> Path:
+        return self.grid_dir / "config.toml"
+
+    @property
+    def worktrees_dir(self) -> Path:
+        return self.grid_dir / "worktrees"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.grid_dir / "runs"
+
+    @property
+    def stop_file(self) -> Path:
+        return self.grid_dir / "STOP"
+
+    def check_socket_path(self) -> None:
+        """Refuse a workspace whose socket path would not fit in ``sun_path``."""
+        length = len(os.fsencode(self.socket_path))
+        if length > SOCKET_PATH_MAX:
+            raise WorkspaceError(
+                f"workspace path too deep for a Unix socket: {self.socket_path} is {length} bytes,"
+                f" the limit is {SOCKET_PATH_MAX}; move the repository to a shorter path",
+                code="socket_path_too_long",
+                details={"path": str(self.socket_path), "length": length, "limit": SOCKET_PATH_MAX},
+            )
+
+    def ensure_grid_dir(self) -> None:
+        """Create ``.grid/`` with mode 0700 (and tighten it if it exists looser)."""
+        self.grid_dir.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(self.grid_dir, 0o700)
+
+
+def find_workspace(path: Path | None = None) -> Workspace:
+    """The git top level of ``path`` (or the cwd); a clear error outside a repository."""
+    start = (path or Path.cwd()).resolve()
+    if not start.is_dir():
+        raise WorkspaceError(f"not a directory: {start}", details={"path": str(start)})
+    try:
+        proc = subprocess.run(
+            ["git", "-C", str(start), "rev-parse", "--show-toplevel"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise WorkspaceError("git is not installed or not on PATH", code="git_missing") from None
+    if proc.returncode != 0:
+        raise WorkspaceError(
+            f"not inside a git repository: {start} (run 'git init' there, or pass --workspace)",
+            code="not_a_git_repo",
+            details={"path": str(start)},
+        )
+    return Workspace(root=Path(proc.stdout.strip()).resolve())

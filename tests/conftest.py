@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import DaemonProc, make_repo, remove_repo, running_daemon
+
+
+@pytest.fixture
+def repo() -> Iterator[Path]:
+    """A fresh git repository with one commit, at a path short enough for a socket."""
+    root = make_repo()
+    yield root
+    remove_repo(root)
+
+
+@pytest.fixture
+def daemon(repo: Path) -> Iterator[DaemonProc]:
+    """A real gridd serving ``repo``; stopped with SIGTERM afterwards."""
+    with running_daemon(repo) as d:
+        yield d

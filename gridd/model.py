@@ -86,6 +86,11 @@ class Agent(WireModel):
     exit_code: int | None = None
     last_output: str = ""
     output_seq: int = 0
+    attempt: int = 1
+    run_dir: str = ""
+    create_time: float | None = None  # with pid, the process identity (pids are reused)
+    stop_reason: str | None = None
+    error: str | None = None
 
 
 class Question(WireModel):

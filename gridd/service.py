@@ -7,6 +7,7 @@ records intent. The API never touches processes directly (intent goes through st
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import platform
@@ -15,19 +16,23 @@ from collections.abc import Callable
 
 from gridd import API_VERSION, __version__
 from gridd.background import Background
+from gridd.commands import Commands
 from gridd.events import EventBus
 from gridd.model import (
     DaemonInfo,
     Health,
     RepoState,
-    SessionState,
-    Stats,
     VersionInfo,
+    WireModel,
     utcnow,
 )
+from gridd.pool import AgentPool
+from gridd.scheduler import Scheduler
 from gridd.settings import Settings
+from gridd.state import GridState
 from gridd.store import Store
 from gridd.workspace import Workspace
+from gridd.worktrees import Worktrees
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +48,28 @@ class Grid:
         self._started_mono = time.monotonic()
         self.warnings: list[str] = []
         self._shutdown_callback: Callable[[], None] | None = None
+        self.state = GridState(store, self.bus)
+        self.worktrees = Worktrees(workspace.root, workspace.worktrees_dir)
+        self.pool = AgentPool(
+            workspace=workspace,
+            settings=settings,
+            state=self.state,
+            bus=self.bus,
+            worktrees=self.worktrees,
+            background=self.background,
+            environ=os.environ,
+        )
+        self.scheduler = Scheduler(
+            workspace=workspace,
+            settings=settings,
+            state=self.state,
+            bus=self.bus,
+            pool=self.pool,
+            background=self.background,
+        )
+        self.commands = Commands(
+            settings=settings, state=self.state, pool=self.pool, scheduler=self.scheduler
+        )
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -57,7 +84,11 @@ class Grid:
                 {"reason": report.reason, "movedTo": [str(p) for p in report.quarantined]},
             )
         self.bus.publish("daemon.started", {"pid": os.getpid(), "version": __version__})
+        await self.worktrees.setup()
+        self.workspace.runs_dir.mkdir(mode=0o700, exist_ok=True)
+        self.commands.recover()
         self.background.spawn("event-log-pruner", self._prune_loop())
+        self.background.spawn("scheduler", self.scheduler.run())
 
     async def stop(self) -> None:
         """End live streams and background work; the caller closes the store afterwards."""
@@ -116,12 +147,30 @@ class Grid:
             warnings=list(self.warnings),
         )
 
-    def state(self) -> RepoState:
+    def repo_state(self) -> RepoState:
         return RepoState(
-            session=SessionState(),
-            tasks=[],
-            agents=[],
+            session=self.state.session,
+            tasks=list(self.state.tasks.values()),
+            agents=self.state.live_agents(),
             pending_questions=[],
-            stats=Stats(),
+            stats=self.state.stats(),
             daemon=self.daemon_info(),
         )
+
+    def state_json(self) -> bytes:
+        """``RepoState`` as JSON, with the task list from the per-task cache (fast)."""
+
+        def dump(value: WireModel | list[WireModel]) -> bytes:
+            if isinstance(value, list):
+                return json.dumps([v.wire() for v in value], separators=(",", ":")).encode()
+            return json.dumps(value.wire(), separators=(",", ":")).encode()
+
+        parts = [
+            b'{"session":' + dump(self.state.session),
+            b'"tasks":' + self.state.tasks_json(),
+            b'"agents":' + dump(list(self.state.live_agents())),
+            b'"pendingQuestions":[]',
+            b'"stats":' + dump(self.state.stats()),
+            b'"daemon":' + dump(self.daemon_info()) + b"}",
+        ]
+        return b",".join(parts)

@@ -6,9 +6,10 @@ snake_case; unknown keys are rejected so a typo never silently does nothing.
 
 from __future__ import annotations
 
+import sys
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -22,26 +23,91 @@ class _Section(BaseModel):
 class DaemonSettings(_Section):
     """How the daemon process itself behaves."""
 
-    log_level: str = Field("INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
-    log_max_bytes: int = Field(10 * 1024 * 1024, ge=4096, description="Rotate gridd.log at this size")
-    log_backups: int = Field(3, ge=0, le=100, description="Rotated log files to keep")
+    log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
+    log_max_bytes: int = Field(
+        default=10 * 1024 * 1024, ge=4096, description="Rotate gridd.log at this size"
+    )
+    log_backups: int = Field(default=3, ge=0, le=100, description="Rotated log files to keep")
     shutdown_timeout_seconds: float = Field(
-        3.0, gt=0, le=60, description="Grace for open connections at shutdown"
+        default=3.0, gt=0, le=60, description="Grace for open connections at shutdown"
     )
 
 
 class EventSettings(_Section):
     """The durable event log and the SSE stream."""
 
-    retain: int = Field(200_000, ge=100, description="Events kept in the log; older are pruned")
+    retain: int = Field(
+        default=200_000, ge=100, description="Events kept in the log; older are pruned"
+    )
     subscriber_queue: int = Field(
-        4096, ge=16, description="Events buffered per SSE client before it is dropped"
+        default=4096, ge=16, description="Events buffered per SSE client before it is dropped"
     )
     send_timeout_seconds: float = Field(
-        10.0, gt=0, description="A client that cannot take one event in this time is dropped"
+        default=10.0,
+        gt=0,
+        description="A client that cannot take one event in this time is dropped",
     )
-    keepalive_seconds: float = Field(15.0, gt=0, le=15, description="SSE comment interval")
-    snapshot_seconds: float = Field(30.0, gt=0, description="state.snapshot interval per stream")
+    keepalive_seconds: float = Field(
+        default=15.0, ge=0.1, le=15, description="SSE comment (keep-alive) interval"
+    )
+    snapshot_seconds: float = Field(
+        default=30.0, ge=0.1, description="state.snapshot interval per stream"
+    )
+
+
+class SchedulerSettings(_Section):
+    """The reconcile loop and its defaults for sessions and tasks."""
+
+    tick_seconds: float = Field(default=1.0, gt=0, le=60, description="Pass at least this often")
+    default_agent: str = Field(default="example", description="Profile for tasks that name none")
+    max_agents: int = Field(default=3, ge=1, le=256, description="Default maxAgents of a session")
+    max_attempts: int = Field(default=3, ge=1, le=100, description="Default maxAttempts of a task")
+    backoff_seconds: float = Field(
+        default=2.0, ge=0, description="First retry delay after a failure"
+    )
+    backoff_max_seconds: float = Field(default=300.0, ge=0, description="Retry delay ceiling")
+    stop_grace_seconds: float = Field(default=10.0, ge=0, description="SIGTERM to SIGKILL on stop")
+
+
+class AgentProfile(_Section):
+    """``[agents.<name>]``: how to run one kind of agent."""
+
+    command: list[str] = Field(min_length=1, description="argv; {prompt} {task_id} {worktree}")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment")
+    concurrency: int | None = Field(default=None, ge=1, description="at most this many at once")
+    timeout_seconds: float | None = Field(
+        default=None, gt=0, description="kill an agent running longer"
+    )
+    adapter: str = Field(default="heartbeat", description="how gridd reads the agent's output")
+    stdin: Literal["pipe", "null"] = Field(
+        default="pipe", description="answers go to stdin when 'pipe'"
+    )
+
+
+def builtin_profiles() -> dict[str, AgentProfile]:
+    """Profiles that exist without any configuration."""
+    return {
+        "example": AgentProfile(
+            command=[sys.executable, "-m", "gridd.agents.example", "{prompt}"],
+            adapter="heartbeat",
+        ),
+        "claude": AgentProfile(
+            command=["claude", "-p", "{prompt}", "--output-format", "stream-json", "--verbose"],
+            adapter="claude",
+            stdin="null",
+        ),
+    }
+
+
+class BeadsSettings(_Section):
+    """The beads (``bd``) task source."""
+
+    enabled: bool | None = Field(
+        default=None, description="None: on when .beads/ exists and bd is found"
+    )
+    command: list[str] = Field(default_factory=lambda: ["bd"], description="argv to run bd")
+    poll_seconds: float = Field(default=2.0, gt=0, description="How often to run 'bd ready'")
+    default_agent: str | None = Field(default=None, description="Profile for beads tasks")
 
 
 class Settings(_Section):
@@ -49,6 +115,13 @@ class Settings(_Section):
 
     daemon: DaemonSettings = DaemonSettings()
     events: EventSettings = EventSettings()
+    scheduler: SchedulerSettings = SchedulerSettings()
+    agents: dict[str, AgentProfile] = Field(default_factory=dict)
+    beads: BeadsSettings = BeadsSettings()
+
+    def profiles(self) -> dict[str, AgentProfile]:
+        """Built-in profiles overlaid with the configured ones."""
+        return {**builtin_profiles(), **self.agents}
 
 
 def _format_loc(loc: tuple[Any, ...]) -> str:
@@ -58,16 +131,25 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
 def parse_settings(data: dict[str, Any], *, source: str = "config") -> Settings:
     """Validate a parsed config mapping; errors name the key and the problem."""
     try:
-        return Settings.model_validate(data)
+        settings = Settings.model_validate(data)
     except ValidationError as exc:
-        problems = [
-            {"key": _format_loc(err["loc"]), "problem": err["msg"]} for err in exc.errors()
-        ]
+        problems = [{"key": _format_loc(err["loc"]), "problem": err["msg"]} for err in exc.errors()]
         first = problems[0]
         raise ConfigError(
             f"{source}: invalid value for '{first['key']}': {first['problem']}",
             details={"source": source, "problems": problems},
         ) from None
+    default = settings.scheduler.default_agent
+    if default not in settings.profiles():
+        problem = f"names unknown agent profile {default!r} (known: {sorted(settings.profiles())})"
+        raise ConfigError(
+            f"{source}: invalid value for 'scheduler.default_agent': {problem}",
+            details={
+                "source": source,
+                "problems": [{"key": "scheduler.default_agent", "problem": problem}],
+            },
+        )
+    return settings
 
 
 def load_settings(path: Path) -> Settings:

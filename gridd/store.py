@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gridd.errors import StoreError
-from gridd.model import Event, isotime, utcnow
+from gridd.model import Agent, Event, Task, isotime, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,21 @@ MIGRATIONS: list[str] = [
     CREATE INDEX events_type ON events(type, id);
     CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
     """,
+    # 2: tasks and agents, each a JSON document keyed by id
+    """
+    CREATE TABLE tasks (
+        id     TEXT PRIMARY KEY,
+        status TEXT NOT NULL,
+        doc    TEXT NOT NULL
+    );
+    CREATE TABLE agents (
+        id      TEXT PRIMARY KEY,
+        task_id TEXT NOT NULL,
+        status  TEXT NOT NULL,
+        doc     TEXT NOT NULL
+    );
+    CREATE INDEX agents_task ON agents(task_id);
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -51,6 +66,11 @@ class OpenReport:
 
 def _quarantine(db_path: Path, reason: str) -> list[Path]:
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    # Never overwrite an earlier quarantine (two in one second, or a clock set back).
+    base, n = stamp, 1
+    while any(Path(f"{db_path}.corrupt-{stamp}{s}").exists() for s in ("", "-wal", "-shm")):
+        n += 1
+        stamp = f"{base}.{n}"
     moved = []
     for suffix in ("", "-wal", "-shm"):
         src = Path(f"{db_path}{suffix}")
@@ -136,9 +156,7 @@ class Store:
         try:
             return self._conn.execute(sql, params)
         except sqlite3.OperationalError as exc:
-            text = str(exc).lower()
-            code = "disk_full" if "full" in text else "store_error"
-            raise StoreError(f"state database error: {exc}", code=code) from exc
+            raise _store_error(exc) from exc
 
     def transaction(self) -> _Transaction:
         return _Transaction(self._conn)
@@ -193,6 +211,42 @@ class Store:
         cur = self._exec("DELETE FROM events WHERE id <= ?", (cutoff,))
         return cur.rowcount
 
+    # -- tasks and agents -------------------------------------------------------------------
+
+    def save_tasks(self, tasks: Iterable[Task]) -> None:
+        """Insert or replace tasks (call inside ``transaction()`` for many)."""
+        rows = [(t.id, t.status.value, t.model_dump_json()) for t in tasks]
+        try:
+            self._conn.executemany(
+                "INSERT INTO tasks(id, status, doc) VALUES (?, ?, ?)"
+                " ON CONFLICT(id) DO UPDATE SET status = excluded.status, doc = excluded.doc",
+                rows,
+            )
+        except sqlite3.OperationalError as exc:
+            raise _store_error(exc) from exc
+
+    def load_tasks(self) -> list[Task]:
+        rows = self._exec("SELECT doc FROM tasks").fetchall()
+        return [Task.model_validate_json(r[0]) for r in rows]
+
+    def save_agent(self, agent: Agent) -> None:
+        self._exec(
+            "INSERT INTO agents(id, task_id, status, doc) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT(id) DO UPDATE SET status = excluded.status, doc = excluded.doc",
+            (agent.id, agent.task_id, agent.status.value, agent.model_dump_json()),
+        )
+
+    def load_agents(self) -> list[Agent]:
+        rows = self._exec("SELECT doc FROM agents").fetchall()
+        return [Agent.model_validate_json(r[0]) for r in rows]
+
+    def next_counter(self, name: str) -> int:
+        """A persistent counter (agent numbers never repeat across restarts)."""
+        key = f"counter.{name}"
+        value = int(self.get_meta(key) or 0) + 1
+        self.set_meta(key, str(value))
+        return value
+
     # -- key/value metadata ----------------------------------------------------------------
 
     def get_meta(self, key: str) -> str | None:
@@ -218,6 +272,11 @@ class _Transaction:
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self._conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
+
+
+def _store_error(exc: sqlite3.Error) -> StoreError:
+    code = "disk_full" if "full" in str(exc).lower() else "store_error"
+    return StoreError(f"state database error: {exc}", code=code)
 
 
 def _split_sql(script: str) -> list[str]:

@@ -8,24 +8,12 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gridd.api import resources as _resources  # noqa: F401  (registers its routes)
 from gridd.api.errors import EXCEPTION_HANDLERS
-from gridd.api.spec import RouteTable
+from gridd.api.spec import grid_of, table, wire
 from gridd.api.sse import events_endpoint
-from gridd.model import Health, RepoState, VersionInfo, WireModel
+from gridd.model import Health, RepoState, VersionInfo
 from gridd.service import Grid
-
-table = RouteTable()
-
-
-def wire(model: WireModel | list[WireModel], status: int = 200) -> JSONResponse:
-    if isinstance(model, list):
-        return JSONResponse([m.wire() for m in model], status_code=status)
-    return JSONResponse(model.wire(), status_code=status)
-
-
-def grid_of(request: Request) -> Grid:
-    grid: Grid = request.app.state.grid
-    return grid
 
 
 @table.add("GET", "/health", summary="Liveness check", response=Health)
@@ -40,7 +28,7 @@ async def version(request: Request) -> Response:
 
 @table.add("GET", "/state", summary="Full RepoState snapshot", response=RepoState)
 async def state(request: Request) -> Response:
-    return wire(grid_of(request).state())
+    return Response(grid_of(request).state_json(), media_type="application/json")
 
 
 @table.add("POST", "/shutdown", summary="Graceful daemon shutdown")

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gridd import API_VERSION, __version__
-from gridd.model import ErrorBody
+from gridd.model import ErrorBody, WireModel
+
+if TYPE_CHECKING:
+    from gridd.service import Grid
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -142,7 +145,9 @@ def _path_params(path: str) -> list[dict[str, Any]]:
     for part in path.split("/"):
         if part.startswith("{") and part.endswith("}"):
             name = part[1:-1].split(":")[0]
-            params.append({"name": name, "in": "path", "required": True, "schema": {"type": "string"}})
+            params.append(
+                {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            )
     return params
 
 
@@ -155,3 +160,18 @@ def _method_route(path: str, methods: dict[str, Handler]) -> Route:
         methods = {**methods, "HEAD": methods["GET"]}
         allowed.append("HEAD")
     return Route(path, dispatch, methods=allowed)
+
+
+#: The one route table every API module registers into.
+table = RouteTable()
+
+
+def wire(model: WireModel | list[WireModel], status: int = 200) -> JSONResponse:
+    if isinstance(model, list):
+        return JSONResponse([m.wire() for m in model], status_code=status)
+    return JSONResponse(model.wire(), status_code=status)
+
+
+def grid_of(request: Request) -> Grid:
+    grid: Grid = request.app.state.grid
+    return grid

@@ -1,0 +1,109 @@
+"""An agent's output: ``output.log`` (raw bytes) plus ``chunks.idx`` (where each chunk is).
+
+Chunk ``seq`` n (1-based) is record n of the index: 16 bytes, offset and length. The index
+is the daemon's; the log is the shim's. After a daemon restart, whatever the agent wrote in
+the meantime is simply the unindexed tail of the log, so sequence numbers continue with no
+gap and no duplicate.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+_RECORD = struct.Struct("<QQ")
+MAX_CHUNK = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Chunk:
+    seq: int
+    text: str
+
+
+def _utf8_cut(data: bytes) -> int:
+    """Length of the longest prefix of ``data`` that does not split a UTF-8 character."""
+    end = len(data)
+    i = end - 1
+    while i >= 0 and end - i < 4 and data[i] & 0xC0 == 0x80:
+        i -= 1  # continuation bytes: walk back to the lead byte
+    if i < 0 or data[i] < 0xC0:
+        return end  # ASCII, or not UTF-8 at all: nothing to hold back
+    lead = data[i]
+    need = 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+    return end if end - i >= need else i
+
+
+class OutputLog:
+    def __init__(self, run_dir: Path) -> None:
+        self.log_path = run_dir / "output.log"
+        self.idx_path = run_dir / "chunks.idx"
+        self.seq = 0
+        self.offset = 0
+        if self.idx_path.exists():
+            raw = self.idx_path.read_bytes()
+            usable = len(raw) - len(raw) % _RECORD.size  # a torn last record is dropped
+            if usable != len(raw):
+                with self.idx_path.open("r+b") as fh:
+                    fh.truncate(usable)
+            self.seq = usable // _RECORD.size
+            if self.seq:
+                off, length = _RECORD.unpack_from(raw, usable - _RECORD.size)
+                self.offset = off + length
+
+    def size(self) -> int:
+        try:
+            return os.stat(self.log_path).st_size
+        except FileNotFoundError:
+            return 0
+
+    def poll(self, *, max_chunks: int = 16, final: bool = False) -> list[Chunk]:
+        """Index and return new output (at most ``max_chunks`` chunks)."""
+        size = self.size()
+        if size <= self.offset:
+            return []
+        chunks: list[Chunk] = []
+        records = bytearray()
+        with self.log_path.open("rb") as fh:
+            fh.seek(self.offset)
+            while len(chunks) < max_chunks and self.offset < size:
+                data = fh.read(min(MAX_CHUNK, size - self.offset))
+                if not data:
+                    break
+                cut = len(data) if final else _utf8_cut(data)
+                if cut == 0:
+                    break  # only a partial character so far; wait for the rest
+                data = data[:cut]
+                records += _RECORD.pack(self.offset, len(data))
+                self.offset += len(data)
+                self.seq += 1
+                chunks.append(Chunk(self.seq, data.decode("utf-8", errors="replace")))
+                fh.seek(self.offset)
+        if records:
+            with self.idx_path.open("ab") as idx:
+                idx.write(records)
+        return chunks
+
+    def read_since(self, since: int, *, limit: int = 1000) -> list[Chunk]:
+        """Chunks with seq > ``since`` that are already indexed."""
+        if since >= self.seq or not self.idx_path.exists():
+            return []
+        count = min(limit, self.seq - since)
+        with self.idx_path.open("rb") as idx:
+            idx.seek(since * _RECORD.size)
+            raw = idx.read(count * _RECORD.size)
+        out: list[Chunk] = []
+        with self.log_path.open("rb") as fh:
+            for i in range(len(raw) // _RECORD.size):
+                off, length = _RECORD.unpack_from(raw, i * _RECORD.size)
+                fh.seek(off)
+                out.append(Chunk(since + i + 1, fh.read(length).decode("utf-8", errors="replace")))
+        return out
+
+    def tail_text(self, max_bytes: int = 4096) -> str:
+        size = self.size()
+        with self.log_path.open("rb") as fh:
+            fh.seek(max(0, size - max_bytes))
+            return fh.read().decode("utf-8", errors="replace")

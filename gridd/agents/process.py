@@ -1,0 +1,175 @@
+"""The daemon's handle on one agent: its run directory, its shim, and its process group.
+
+A process is identified by (pid, create time), never by pid alone: a signal is only sent
+after psutil confirms the pid still belongs to the process we started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from gridd.agents import shim
+from gridd.errors import Conflict, GriddError
+
+SHIM_PATH = Path(shim.__file__)
+
+
+class SpawnError(GriddError):
+    code = "spawn_failed"
+    transient = True
+
+
+@dataclass
+class ExitStatus:
+    exit_code: int | None
+    signal: int | None
+    error: str | None = None
+
+    @property
+    def code(self) -> int:
+        """A shell-style status: the exit code, or 128 + signal."""
+        if self.exit_code is not None:
+            return self.exit_code
+        return 128 + (self.signal or 0)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def process_create_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+class AgentProcess:
+    def __init__(self, run_dir: Path, pid: int | None, create_time: float | None) -> None:
+        self.run_dir = run_dir
+        self.pid = pid
+        self.create_time = create_time
+        self._shim: asyncio.subprocess.Process | None = None
+
+    @classmethod
+    async def spawn(
+        cls,
+        run_dir: Path,
+        *,
+        argv: list[str],
+        cwd: Path,
+        env: dict[str, str],
+        stdin: str = "pipe",
+        timeout: float = 10.0,
+    ) -> AgentProcess:
+        run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        spec = {"argv": argv, "cwd": str(cwd), "env": env, "stdin": stdin}
+        (run_dir / "spec.json").write_text(json.dumps(spec))
+        log_fd = os.open(run_dir / "shim.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            shim_proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-I",
+                "-S",
+                str(SHIM_PATH),
+                str(run_dir),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=log_fd,
+                start_new_session=True,
+            )
+        finally:
+            os.close(log_fd)
+        handle = cls(run_dir, None, None)
+        handle._shim = shim_proc
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            info = read_json(run_dir / "agent.json")
+            if info is not None:
+                handle.pid = int(info["pid"])
+                handle.create_time = process_create_time(handle.pid)
+                return handle
+            if (run_dir / "exit.json").exists():
+                return handle  # the command could not even start; exit.json says why
+            if shim_proc.returncode is not None or loop.time() > deadline:
+                log = (run_dir / "shim.log").read_text(errors="replace")[-2000:]
+                raise SpawnError(
+                    f"agent supervisor did not start the agent: {log.strip() or 'no output'}",
+                    details={"runDir": str(run_dir)},
+                )
+            await asyncio.sleep(0.005)
+
+    # -- observation -----------------------------------------------------------------------
+
+    def exit_status(self) -> ExitStatus | None:
+        data = read_json(self.run_dir / "exit.json")
+        if data is None:
+            return None
+        return ExitStatus(data.get("exitCode"), data.get("signal"), data.get("error"))
+
+    def alive(self) -> bool:
+        """True while our agent (same pid *and* create time) still exists."""
+        if self.pid is None or self.create_time is None:
+            return False
+        current = process_create_time(self.pid)
+        if current is None or abs(current - self.create_time) > 0.01:
+            return False
+        try:
+            return psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    async def reap_shim(self) -> None:
+        if self._shim is not None:
+            await self._shim.wait()
+
+    # -- control --------------------------------------------------------------------------------
+
+    def signal(self, sig: int) -> bool:
+        """Signal the agent's whole process group; False when it is already gone."""
+        if not self.alive():
+            return False
+        assert self.pid is not None
+        try:
+            os.killpg(self.pid, sig)
+            if sig in (signal.SIGTERM, signal.SIGINT):
+                os.killpg(self.pid, signal.SIGCONT)  # a stopped process cannot act on TERM
+        except ProcessLookupError:
+            return False
+        return True
+
+    def write_stdin(self, text: str) -> None:
+        fifo = self.run_dir / "stdin"
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno in (errno.ENXIO, errno.ENOENT):
+                raise Conflict(
+                    "the agent is not reading its stdin (it has exited or uses stdin=null)",
+                    code="agent_not_listening",
+                ) from None
+            raise
+        try:
+            data = text.encode() if text.endswith("\n") else (text + "\n").encode()
+            os.write(fd, data)
+        except BlockingIOError:
+            raise Conflict(
+                "the agent's stdin is full; it is not reading", code="stdin_full"
+            ) from None
+        finally:
+            os.close(fd)

@@ -1,0 +1,277 @@
+"""Routes for tasks, plans, the session, agents and questions (covend's paths, plus ours)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gridd.api.errors import query_flag, query_int, read_body, read_json, validate
+from gridd.api.spec import grid_of, table, wire
+from gridd.errors import BadRequest
+from gridd.model import Agent, Question, SessionState, Task, TaskStatus, WireModel
+from gridd.requests import PlanSpec, Respond, SessionStart, TaskPatch, TaskSpec, normalise_plan
+
+
+class Waves(WireModel):
+    waves: list[list[str]]
+    statuses: dict[str, str] = Field(default_factory=dict)
+
+
+class AgentOutput(WireModel):
+    agent_id: str
+    task_id: str
+    seq: int
+    chunks: list[dict[str, Any]]
+    more: bool
+
+
+class TaskList(BaseModel):
+    tasks: list[Task]
+
+
+def _task_id(request: Request) -> str:
+    return str(request.path_params["task_id"])
+
+
+def _agent_id(request: Request) -> str:
+    return str(request.path_params["agent_id"])
+
+
+# -- tasks ------------------------------------------------------------------------------------
+
+
+@table.add(
+    "GET",
+    "/tasks",
+    summary="All tasks (?status=ready,working filters)",
+    response=Task,
+    response_list=True,
+    query={"status": "comma-separated statuses"},
+)
+async def list_tasks(request: Request) -> Response:
+    grid = grid_of(request)
+    raw = request.query_params.get("status")
+    if not raw:
+        return Response(grid.state.tasks_json(), media_type="application/json")
+    try:
+        wanted = {TaskStatus(s.strip()) for s in raw.split(",") if s.strip()}
+    except ValueError:
+        raise BadRequest(
+            f"unknown status in {raw!r}; known: {', '.join(s.value for s in TaskStatus)}",
+            code="bad_query",
+        ) from None
+    return wire([t for t in grid.state.tasks.values() if t.status in wanted])  # type: ignore[misc]
+
+
+@table.add(
+    "POST",
+    "/tasks",
+    summary="Create one task, or a list of tasks atomically",
+    body=TaskSpec,
+    response=Task,
+    response_list=True,
+)
+async def create_tasks(request: Request) -> Response:
+    data = await read_json(request)
+    if data is None:
+        raise BadRequest(
+            "request body required: a task object or a list of them", code="empty_body"
+        )
+    single = isinstance(data, dict)
+    plan = validate(PlanSpec, {"tasks": [data] if single else data})
+    created = grid_of(request).commands.create_tasks(plan.tasks)
+    return wire(created[0] if single else created, status=201)  # type: ignore[arg-type]
+
+
+@table.add("GET", "/tasks/{task_id}", summary="One task", response=Task)
+async def get_task(request: Request) -> Response:
+    return wire(grid_of(request).commands.task(_task_id(request)))
+
+
+@table.add(
+    "PATCH", "/tasks/{task_id}", summary="Change a task's fields", body=TaskPatch, response=Task
+)
+async def patch_task(request: Request) -> Response:
+    patch = await read_body(request, TaskPatch)
+    return wire(grid_of(request).commands.patch_task(_task_id(request), patch))
+
+
+@table.add(
+    "DELETE", "/tasks/{task_id}", summary="Cancel a task (its agent is stopped)", response=Task
+)
+async def cancel_task(request: Request) -> Response:
+    return wire(grid_of(request).commands.cancel_task(_task_id(request)))
+
+
+@table.add(
+    "POST",
+    "/tasks/{task_id}/start",
+    summary="Start a task now (409 if dependencies are not done)",
+    response=Task,
+)
+async def start_task(request: Request) -> Response:
+    return wire(grid_of(request).commands.start_task(_task_id(request)))
+
+
+@table.add(
+    "POST",
+    "/tasks/{task_id}/stop",
+    summary="Stop a task's agent; the task returns to ready",
+    response=Task,
+)
+async def stop_task(request: Request) -> Response:
+    return wire(grid_of(request).commands.stop_task(_task_id(request)))
+
+
+@table.add(
+    "POST",
+    "/tasks/{task_id}/approve",
+    summary="Approve a task in review: it becomes done",
+    response=Task,
+)
+async def approve_task(request: Request) -> Response:
+    return wire(grid_of(request).commands.approve_task(_task_id(request)))
+
+
+# -- plans ------------------------------------------------------------------------------------------
+
+
+async def _plan_body(request: Request) -> PlanSpec:
+    ctype = request.headers.get("content-type", "")
+    if "yaml" in ctype:
+        raw = await request.body()
+        try:
+            data = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise BadRequest(f"plan is not valid YAML: {exc}", code="malformed_yaml") from None
+    else:
+        data = await read_json(request)
+    if data is None:
+        raise BadRequest('request body required: {"tasks": [...]}', code="empty_body")
+    return validate(PlanSpec, normalise_plan(data))
+
+
+@table.add(
+    "POST",
+    "/plans",
+    summary="Load many tasks with dependencies at once, atomically (JSON or YAML)",
+    body=PlanSpec,
+    response=Waves,
+)
+async def apply_plan(request: Request) -> Response:
+    plan = await _plan_body(request)
+    grid = grid_of(request)
+    created = grid.commands.create_tasks(plan.tasks)
+    ids = {t.id for t in created}
+    waves = [[i for i in wave if i in ids] for wave in grid.commands.waves()]
+    body = Waves(waves=[w for w in waves if w], statuses={t.id: t.status.value for t in created})
+    return wire(body, status=201)
+
+
+@table.add("GET", "/plan", summary="Waves (topological levels) of all tasks", response=Waves)
+async def show_plan(request: Request) -> Response:
+    grid = grid_of(request)
+    statuses = {t.id: t.status.value for t in grid.state.tasks.values()}
+    return wire(Waves(waves=grid.commands.waves(), statuses=statuses))
+
+
+# -- session ------------------------------------------------------------------------------------------
+
+
+@table.add(
+    "POST",
+    "/session/start",
+    summary="Start a session: ready tasks get agents",
+    body=SessionStart,
+    response=SessionState,
+)
+async def start_session(request: Request) -> Response:
+    req = await read_body(request, SessionStart)
+    return wire(grid_of(request).commands.start_session(req))
+
+
+@table.add(
+    "POST",
+    "/session/stop",
+    summary="Stop the session (?force=1 kills agents at once)",
+    response=SessionState,
+    query={"force": "1 to SIGKILL at once"},
+)
+async def stop_session(request: Request) -> Response:
+    return wire(grid_of(request).commands.stop_session(force=query_flag(request, "force")))
+
+
+# -- agents -----------------------------------------------------------------------------------------
+
+
+@table.add(
+    "GET",
+    "/agents",
+    summary="Running agents (?all=1 includes exited ones)",
+    response=Agent,
+    response_list=True,
+    query={"all": "1 to include exited agents"},
+)
+async def list_agents(request: Request) -> Response:
+    state = grid_of(request).state
+    agents = list(state.agents.values()) if query_flag(request, "all") else state.live_agents()
+    return wire(agents)  # type: ignore[arg-type]
+
+
+@table.add("GET", "/agents/{agent_id}", summary="One agent", response=Agent)
+async def get_agent(request: Request) -> Response:
+    return wire(grid_of(request).commands.agent(_agent_id(request)))
+
+
+@table.add(
+    "POST",
+    "/agents/{agent_id}/kill",
+    summary="Kill an agent (SIGKILL to its group); its task is blocked",
+    response=Agent,
+)
+async def kill_agent(request: Request) -> Response:
+    return wire(grid_of(request).commands.kill_agent(_agent_id(request)))
+
+
+@table.add(
+    "POST",
+    "/agents/{agent_id}/respond",
+    summary="Send a response line to the agent's stdin",
+    body=Respond,
+)
+async def respond(request: Request) -> Response:
+    req = await read_body(request, Respond)
+    grid_of(request).commands.respond(_agent_id(request), req.response)
+    return JSONResponse({"status": "delivered"})
+
+
+@table.add(
+    "GET",
+    "/agents/{agent_id}/output",
+    summary="Output chunks after ?since=<seq>",
+    response=AgentOutput,
+    query={"since": "last seq already seen", "limit": "max chunks (default 1000)"},
+)
+async def agent_output(request: Request) -> Response:
+    since = query_int(request, "since") or 0
+    limit = query_int(request, "limit", minimum=1) or 1000
+    body = grid_of(request).commands.output(_agent_id(request), since, min(limit, 10_000))
+    return JSONResponse(body)
+
+
+# -- questions ---------------------------------------------------------------------------------------
+
+
+@table.add(
+    "GET",
+    "/questions",
+    summary="Pending questions from agents",
+    response=Question,
+    response_list=True,
+)
+async def list_questions(request: Request) -> Response:
+    return JSONResponse([])

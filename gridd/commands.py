@@ -1,0 +1,263 @@
+"""Commands: what the API may ask for, checked against the state and recorded as intent.
+
+Nothing here spawns or kills a process directly: a command changes the state (a task's
+status, the session) and wakes the scheduler, which converges the world to it. Every
+refusal is a 4xx that says why (409 for a clash with the current state, 422 for invalid
+values, 404 for unknown ids).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from gridd.errors import Conflict, NotFound, ValidationFailed
+from gridd.ids import new_task_id, task_id_problem
+from gridd.model import Agent, AgentStatus, SessionState, Task, TaskStatus, utcnow
+from gridd.plan import graph_problems, readiness, undone_dependencies, waves
+from gridd.pool import AgentPool
+from gridd.requests import SessionStart, TaskPatch, TaskSpec
+from gridd.scheduler import Scheduler
+from gridd.settings import Settings
+from gridd.state import GridState
+
+log = logging.getLogger(__name__)
+
+_STARTABLE = frozenset(
+    {TaskStatus.PENDING, TaskStatus.READY, TaskStatus.FAILED, TaskStatus.BLOCKED}
+)
+
+
+class Commands:
+    def __init__(
+        self, *, settings: Settings, state: GridState, pool: AgentPool, scheduler: Scheduler
+    ) -> None:
+        self.settings = settings
+        self.state = state
+        self.pool = pool
+        self.scheduler = scheduler
+
+    # -- lookups ---------------------------------------------------------------------------------
+
+    def task(self, task_id: str) -> Task:
+        problem = task_id_problem(task_id)
+        if problem is not None:
+            raise ValidationFailed(
+                f"invalid task id {task_id[:80]!r}: {problem}", code="invalid_task_id"
+            )
+        task = self.state.tasks.get(task_id)
+        if task is None:
+            raise NotFound(f"no task {task_id!r}", code="task_not_found", details={"id": task_id})
+        return task
+
+    def agent(self, agent_id: str) -> Agent:
+        agent = self.state.agents.get(agent_id)
+        if agent is None:
+            raise NotFound(
+                f"no agent {agent_id[:80]!r}", code="agent_not_found", details={"id": agent_id[:80]}
+            )
+        return agent
+
+    # -- tasks -----------------------------------------------------------------------------------
+
+    def create_tasks(self, specs: list[TaskSpec]) -> list[Task]:
+        """Create tasks atomically: any problem in the batch and nothing is applied."""
+        profiles = self.pool.profiles
+        now = utcnow()
+        tasks = []
+        for spec in specs:
+            if spec.agent is not None and spec.agent not in profiles:
+                raise ValidationFailed(
+                    f"task {spec.id or spec.title!r} names unknown agent profile {spec.agent!r}",
+                    code="unknown_profile",
+                    details={"agent": spec.agent, "known": sorted(profiles)},
+                )
+            tasks.append(
+                Task(
+                    id=spec.id or new_task_id(spec.title),
+                    title=spec.title,
+                    prompt=spec.prompt,
+                    priority=spec.priority,
+                    depends_on=spec.depends_on,
+                    labels=spec.labels,
+                    agent=spec.agent,
+                    max_attempts=spec.max_attempts or self.settings.scheduler.max_attempts,
+                    timeout_seconds=spec.timeout_seconds,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+        existing = {t.id: t.depends_on for t in self.state.tasks.values()}
+        problems = graph_problems([(t.id, t.depends_on) for t in tasks], existing)
+        if problems:
+            first = problems[0]
+            clash = first.kind == "duplicate" and first.ids[0] in existing
+            cls = Conflict if clash else ValidationFailed
+            raise cls(
+                first.message,
+                code="task_exists" if clash else f"plan_{first.kind}",
+                details={
+                    "problems": [
+                        {"kind": p.kind, "message": p.message, "ids": list(p.ids)} for p in problems
+                    ]
+                },
+            )
+        statuses = {**self.state.statuses(), **{t.id: t.status for t in tasks}}
+        ready = []
+        for task in tasks:
+            wanted = readiness(task, statuses) or task.status
+            ready.append(task.model_copy(update={"status": wanted}))
+        created = self.state.add_tasks(ready)
+        self.state.flush()
+        return created
+
+    def patch_task(self, task_id: str, patch: TaskPatch) -> Task:
+        task = self.task(task_id)
+        changes: dict[str, Any] = patch.model_dump(exclude_unset=True)
+        if (
+            "agent" in changes
+            and changes["agent"] is not None
+            and changes["agent"] not in self.pool.profiles
+        ):
+            raise ValidationFailed(
+                f"unknown agent profile {changes['agent']!r}", code="unknown_profile"
+            )
+        if "depends_on" in changes:
+            if task.status not in (TaskStatus.PENDING, TaskStatus.READY, TaskStatus.BLOCKED):
+                raise Conflict(
+                    f"task {task_id!r} is {task.status.value}; dependencies can only change before it starts"
+                )
+            others = {t.id: t.depends_on for t in self.state.tasks.values() if t.id != task_id}
+            problems = graph_problems([(task_id, changes["depends_on"])], others)
+            if problems:
+                raise ValidationFailed(problems[0].message, code=f"plan_{problems[0].kind}")
+            if task.status == TaskStatus.READY:
+                changes["status"] = TaskStatus.PENDING  # the scheduler re-derives readiness
+        updated = self.state.update_task(task_id, **changes)
+        self.state.flush()
+        return updated
+
+    def cancel_task(self, task_id: str) -> Task:
+        task = self.task(task_id)
+        if task.status in (TaskStatus.DONE, TaskStatus.CANCELLED):
+            raise Conflict(f"task {task_id!r} is already {task.status.value}", code="task_finished")
+        updated = self.state.update_task(task_id, status=TaskStatus.CANCELLED, error="cancelled")
+        self.state.flush()
+        return updated
+
+    def start_task(self, task_id: str) -> Task:
+        task = self.task(task_id)
+        if task.status == TaskStatus.WORKING:
+            raise Conflict(f"task {task_id!r} is already working", code="task_working")
+        if task.status not in _STARTABLE:
+            raise Conflict(
+                f"task {task_id!r} is {task.status.value} and cannot be started",
+                code="task_not_startable",
+            )
+        missing = undone_dependencies(task, self.state.statuses())
+        if missing:
+            raise Conflict(
+                f"task {task_id!r} waits for unfinished dependencies: {', '.join(missing)}",
+                code="dependencies_not_done",
+                details={"dependencies": missing},
+            )
+        changes: dict[str, Any] = {"status": TaskStatus.WORKING, "error": None}
+        if task.status in (TaskStatus.FAILED, TaskStatus.BLOCKED):
+            changes["attempts"] = 0
+        self.pool.not_before.pop(task_id, None)
+        updated = self.state.update_task(task_id, **changes)
+        self.state.flush()
+        return updated
+
+    def stop_task(self, task_id: str) -> Task:
+        task = self.task(task_id)
+        if task.status != TaskStatus.WORKING:
+            raise Conflict(
+                f"task {task_id!r} is {task.status.value}, not working", code="task_not_working"
+            )
+        updated = self.state.update_task(task_id, status=TaskStatus.READY)
+        agent = self.state.agent_for_task(task_id)
+        if agent is not None:
+            self.pool.request_stop(agent.id, "task stopped by user")
+        self.state.flush()
+        return updated
+
+    def approve_task(self, task_id: str) -> Task:
+        task = self.task(task_id)
+        if task.status != TaskStatus.REVIEW:
+            raise Conflict(
+                f"task {task_id!r} is {task.status.value}; only a task in review can be approved",
+                code="task_not_in_review",
+            )
+        updated = self.state.update_task(task_id, status=TaskStatus.DONE)
+        self.state.flush()
+        return updated
+
+    def waves(self) -> list[list[str]]:
+        graph = {t.id: t.depends_on for t in self.state.tasks.values()}
+        return waves(graph)
+
+    # -- the session ------------------------------------------------------------------------------
+
+    def start_session(self, req: SessionStart) -> SessionState:
+        current = self.state.session
+        max_agents = req.max_agents or self.settings.scheduler.max_agents
+        if current.started:
+            if req.feature_branch != current.feature_branch and self.state.live_agents():
+                raise Conflict(
+                    f"a session on {current.feature_branch!r} is running with agents; stop it first",
+                    code="session_running",
+                )
+            if req.feature_branch == current.feature_branch:
+                session = current.model_copy(update={"max_agents": max_agents})
+                self.state.set_session(session)
+                return session
+        return self.scheduler.start_session(req.feature_branch, max_agents)
+
+    def stop_session(self, *, force: bool) -> SessionState:
+        return self.scheduler.stop_session("user", force=force)
+
+    # -- agents ----------------------------------------------------------------------------------------
+
+    def kill_agent(self, agent_id: str) -> Agent:
+        agent = self.agent(agent_id)
+        if agent.status == AgentStatus.EXITED:
+            raise Conflict(f"agent {agent_id!r} has already exited", code="agent_exited")
+        task = self.state.tasks.get(agent.task_id)
+        if task is not None and task.status == TaskStatus.WORKING:
+            # A human killed it: park the task for a human rather than retrying at once.
+            self.state.update_task(task.id, status=TaskStatus.BLOCKED, error="agent killed by user")
+        self.pool.request_stop(agent_id, "killed by user", force=True)
+        self.state.flush()
+        return self.state.agents[agent_id]
+
+    def respond(self, agent_id: str, text: str) -> None:
+        agent = self.agent(agent_id)
+        if agent.status == AgentStatus.EXITED or agent_id not in self.pool.handles:
+            raise Conflict(f"agent {agent_id!r} is not running", code="agent_not_running")
+        self.pool.write_stdin(agent_id, text)
+        self.state.bus.publish("agent.responded", {"agentId": agent_id, "taskId": agent.task_id})
+
+    def output(self, agent_id: str, since: int, limit: int) -> dict[str, Any]:
+        agent = self.agent(agent_id)
+        log_ = self.pool.output_log(agent)
+        chunks = log_.read_since(since, limit=limit)
+        return {
+            "agentId": agent_id,
+            "taskId": agent.task_id,
+            "seq": log_.seq,
+            "chunks": [{"seq": c.seq, "chunk": c.text} for c in chunks],
+            "more": bool(chunks) and chunks[-1].seq < log_.seq,
+        }
+
+    # -- recovery ---------------------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """After a restart: reattach agents whose supervisor survived, finish the rest."""
+        started = time.monotonic()
+        for agent in self.state.live_agents():
+            self.pool.reattach(agent)
+        log.info(
+            "recovered %d agent(s) in %.3fs", len(self.pool.handles), time.monotonic() - started
+        )

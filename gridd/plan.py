@@ -1,0 +1,298 @@
+"""PURE decisions: the task graph, readiness, waves, and ``plan(observed) -> actions``.
+
+No asyncio, no subprocess, no psutil, no clock: everything the decision needs arrives in
+``Observed`` (including ``now``), and the result is a list of idempotent actions that the
+scheduler applies in order: stops first, then status changes, then starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from gridd.model import Task, TaskStatus
+
+# -- the graph ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GraphProblem:
+    kind: str  # "duplicate" | "unknown_dependency" | "cycle" | "self_dependency"
+    message: str
+    ids: tuple[str, ...]
+
+
+def graph_problems(
+    new: Sequence[tuple[str, Sequence[str]]], existing: Mapping[str, Sequence[str]] | None = None
+) -> list[GraphProblem]:
+    """Check a batch of ``(id, depends_on)`` against itself and the existing graph."""
+    existing = existing or {}
+    problems: list[GraphProblem] = []
+    seen: set[str] = set()
+    for task_id, _deps in new:
+        if task_id in seen or task_id in existing:
+            problems.append(GraphProblem("duplicate", f"duplicate task id {task_id!r}", (task_id,)))
+        seen.add(task_id)
+    graph: dict[str, Sequence[str]] = {**existing, **dict(new)}
+    for task_id, deps in new:
+        for dep in deps:
+            if dep == task_id:
+                problems.append(
+                    GraphProblem(
+                        "self_dependency", f"task {task_id!r} depends on itself", (task_id,)
+                    )
+                )
+            elif dep not in graph:
+                problems.append(
+                    GraphProblem(
+                        "unknown_dependency",
+                        f"task {task_id!r} depends on unknown task {dep!r}",
+                        (task_id, dep),
+                    )
+                )
+    if not problems:
+        cycle = find_cycle(graph)
+        if cycle:
+            path = " -> ".join([*cycle, cycle[0]])
+            problems.append(GraphProblem("cycle", f"dependency cycle: {path}", tuple(cycle)))
+    return problems
+
+
+def find_cycle(graph: Mapping[str, Sequence[str]]) -> list[str] | None:
+    """One dependency cycle, as the list of ids along it, or None (iterative DFS)."""
+    white, grey, black = 0, 1, 2
+    color: dict[str, int] = dict.fromkeys(graph, white)
+    for root in graph:
+        if color[root] != white:
+            continue
+        stack: list[tuple[str, int]] = [(root, 0)]
+        path: list[str] = []
+        color[root] = grey
+        path.append(root)
+        while stack:
+            node, index = stack[-1]
+            deps = [d for d in graph.get(node, ()) if d in graph]
+            if index < len(deps):
+                stack[-1] = (node, index + 1)
+                dep = deps[index]
+                if color[dep] == grey:
+                    return path[path.index(dep) :]
+                if color[dep] == white:
+                    color[dep] = grey
+                    stack.append((dep, 0))
+                    path.append(dep)
+            else:
+                color[node] = black
+                stack.pop()
+                path.pop()
+    return None
+
+
+def waves(graph: Mapping[str, Sequence[str]]) -> list[list[str]]:
+    """Topological levels: wave 0 has no dependencies, wave n depends only on earlier ones.
+
+    The graph must be acyclic (check with ``find_cycle`` first). Ids inside a wave are sorted.
+    """
+    level: dict[str, int] = {}
+    order = _topological(graph)
+    for node in order:
+        deps = [d for d in graph.get(node, ()) if d in graph]
+        level[node] = 1 + max((level[d] for d in deps), default=-1)
+    result: list[list[str]] = [[] for _ in range(1 + max(level.values(), default=-1))]
+    for node, lvl in level.items():
+        result[lvl].append(node)
+    return [sorted(w) for w in result]
+
+
+def _topological(graph: Mapping[str, Sequence[str]]) -> list[str]:
+    indegree = {n: 0 for n in graph}
+    dependants: dict[str, list[str]] = {n: [] for n in graph}
+    for node, deps in graph.items():
+        for dep in deps:
+            if dep in graph:
+                indegree[node] += 1
+                dependants[dep].append(node)
+    ready = [n for n, d in indegree.items() if d == 0]
+    order: list[str] = []
+    while ready:
+        node = ready.pop()
+        order.append(node)
+        for child in dependants[node]:
+            indegree[child] -= 1
+            if indegree[child] == 0:
+                ready.append(child)
+    return order
+
+
+# -- readiness --------------------------------------------------------------------------------
+
+_WAITING = frozenset({TaskStatus.PENDING, TaskStatus.READY})
+_DEAD_DEPS = frozenset({TaskStatus.FAILED, TaskStatus.CANCELLED})
+
+
+def readiness(task: Task, statuses: Mapping[str, TaskStatus]) -> TaskStatus | None:
+    """The status a waiting task should have given its dependencies (None: leave it)."""
+    if task.status not in _WAITING and task.status != TaskStatus.BLOCKED:
+        return None
+    dep_statuses = [statuses.get(d) for d in task.depends_on]
+    if task.status == TaskStatus.BLOCKED:
+        # Only a block caused by a dead dependency lifts itself.
+        if (
+            task.error
+            and task.error.startswith("dependency ")
+            and not any(s in _DEAD_DEPS for s in dep_statuses)
+        ):
+            return TaskStatus.PENDING
+        return None
+    if any(s in _DEAD_DEPS for s in dep_statuses):
+        return TaskStatus.BLOCKED
+    if all(s == TaskStatus.DONE for s in dep_statuses):
+        return TaskStatus.READY
+    return TaskStatus.PENDING
+
+
+def undone_dependencies(task: Task, statuses: Mapping[str, TaskStatus]) -> list[str]:
+    return [d for d in task.depends_on if statuses.get(d) != TaskStatus.DONE]
+
+
+# -- the plan -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AgentView:
+    """What the planner needs to know about a live agent."""
+
+    id: str
+    task_id: str
+    profile: str
+    started: float  # monotonic seconds
+    stopping: bool = False
+
+
+@dataclass(frozen=True)
+class Observed:
+    now: float  # monotonic seconds: backoff and timeouts never jump with the wall clock
+    session_started: bool
+    max_agents: int
+    tasks: Sequence[Task]
+    agents: Sequence[AgentView]
+    starting: frozenset[str] = frozenset()  # task ids whose spawn is in flight
+    not_before: Mapping[str, float] = field(default_factory=dict)  # backoff per task
+    profile_limits: Mapping[str, int] = field(default_factory=dict)  # concurrency per profile
+    default_profile: str = "example"
+    stop_file: bool = False
+    timeouts: Mapping[str, float] = field(default_factory=dict)  # task id -> seconds
+
+
+@dataclass(frozen=True)
+class StopAgent:
+    agent_id: str
+    task_id: str
+    reason: str
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class SetStatus:
+    task_id: str
+    status: TaskStatus
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class StartTask:
+    task_id: str
+    profile: str
+
+
+@dataclass(frozen=True)
+class StopSession:
+    reason: str
+
+
+Action = StopAgent | SetStatus | StartTask | StopSession
+
+
+def _start_order(task: Task) -> tuple[int, datetime, str]:
+    return (task.priority, task.created_at, task.id)
+
+
+def plan(obs: Observed) -> list[Action]:
+    """Converge what runs with what should run. Stops first, then statuses, then starts."""
+    stops: list[Action] = []
+    changes: list[Action] = []
+    starts: list[Action] = []
+    by_id = {t.id: t for t in obs.tasks}
+    statuses = {t.id: t.status for t in obs.tasks}
+
+    if obs.stop_file and obs.session_started:
+        stops.append(StopSession("stop_file"))
+
+    # 1. agents whose task no longer wants them, or that ran past their timeout
+    for agent in obs.agents:
+        if agent.stopping:
+            continue
+        task = by_id.get(agent.task_id)
+        if task is None or task.status != TaskStatus.WORKING:
+            stops.append(StopAgent(agent.id, agent.task_id, "task no longer working"))
+            continue
+        limit = obs.timeouts.get(task.id)
+        if limit is not None and obs.now - agent.started > limit:
+            stops.append(StopAgent(agent.id, agent.task_id, f"timeout after {limit:g}s"))
+
+    # 2. readiness follows dependencies
+    for task in obs.tasks:
+        wanted = readiness(task, statuses)
+        if wanted is not None and wanted != task.status:
+            reason = None
+            if wanted == TaskStatus.BLOCKED:
+                dead = [d for d in task.depends_on if statuses.get(d) in _DEAD_DEPS]
+                reason = f"dependency {', '.join(dead)} did not finish"
+            changes.append(SetStatus(task.id, wanted, reason))
+            statuses[task.id] = wanted
+
+    # 3. starts: working tasks without an agent (explicit starts, crash leftovers) first,
+    #    then ready tasks while the session has room.
+    busy = {a.task_id for a in obs.agents} | set(obs.starting)
+    per_profile: dict[str, int] = {}
+    for agent in obs.agents:
+        per_profile[agent.profile] = per_profile.get(agent.profile, 0) + 1
+
+    def profile_of(task: Task) -> str:
+        return task.agent or obs.default_profile
+
+    def profile_has_room(profile: str) -> bool:
+        limit = obs.profile_limits.get(profile)
+        return limit is None or per_profile.get(profile, 0) < limit
+
+    def backing_off(task: Task) -> bool:
+        until = obs.not_before.get(task.id)
+        return until is not None and until > obs.now
+
+    for task in sorted(obs.tasks, key=_start_order):
+        if task.status == TaskStatus.WORKING and task.id not in busy and not backing_off(task):
+            profile = profile_of(task)
+            starts.append(StartTask(task.id, profile))
+            busy.add(task.id)
+            per_profile[profile] = per_profile.get(profile, 0) + 1
+
+    if obs.session_started and not obs.stop_file:
+        running = len(busy)
+        for task in sorted(obs.tasks, key=_start_order):
+            if running >= obs.max_agents:
+                break
+            if statuses.get(task.id) != TaskStatus.READY or task.id in busy or backing_off(task):
+                continue
+            profile = profile_of(task)
+            if not profile_has_room(profile):
+                continue
+            starts.append(StartTask(task.id, profile))
+            busy.add(task.id)
+            per_profile[profile] = per_profile.get(profile, 0) + 1
+            running += 1
+    return [*stops, *changes, *starts]
+
+
+def ready_ids(tasks: Iterable[Task]) -> list[str]:
+    return [t.id for t in sorted(tasks, key=_start_order) if t.status == TaskStatus.READY]

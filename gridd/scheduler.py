@@ -1,0 +1,174 @@
+"""The reconcile loop: wake on any change or a tick, observe, ``plan()``, apply.
+
+Level-triggered, as kopf and circus do it: each pass recomputes what should run from the
+whole state, so a missed wake-up or a crashed start costs one tick, never correctness.
+Applying is ordered (stops, then status changes, then starts) and every action is
+idempotent; a start runs in the background so one slow ``git worktree add`` never holds up
+the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from gridd.background import Background
+from gridd.events import EventBus
+from gridd.model import AgentStatus, SessionState, TaskStatus, utcnow
+from gridd.plan import AgentView, Observed, SetStatus, StartTask, StopAgent, StopSession, plan
+from gridd.pool import AgentPool
+from gridd.settings import Settings
+from gridd.state import GridState
+from gridd.workspace import Workspace
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        *,
+        workspace: Workspace,
+        settings: Settings,
+        state: GridState,
+        bus: EventBus,
+        pool: AgentPool,
+        background: Background,
+    ) -> None:
+        self.ws = workspace
+        self.settings = settings
+        self.state = state
+        self.bus = bus
+        self.pool = pool
+        self.background = background
+        self._wake = asyncio.Event()
+        self.passes = 0
+        self.last_pass_seconds = 0.0
+        state.on_change(self.wake)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        tick = self.settings.scheduler.tick_seconds
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), tick)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                self.run_pass()
+            except Exception:  # one bad pass must not end scheduling
+                log.exception("scheduler pass failed; retrying next tick")
+            await asyncio.sleep(0)
+
+    # -- one pass ------------------------------------------------------------------------------
+
+    def observe(self) -> Observed:
+        now = time.monotonic()
+        profiles = self.pool.profiles
+        agents = []
+        for agent in self.state.live_agents():
+            started = self.pool.started_mono.get(agent.id)
+            if started is None:
+                started = now - (utcnow() - agent.started_at).total_seconds()
+            agents.append(
+                AgentView(
+                    id=agent.id,
+                    task_id=agent.task_id,
+                    profile=agent.profile,
+                    started=started,
+                    stopping=agent.status == AgentStatus.STOPPING,
+                )
+            )
+        timeouts: dict[str, float] = {}
+        for agent in agents:
+            task = self.state.tasks.get(agent.task_id)
+            profile = profiles.get(agent.profile)
+            limit = (task.timeout_seconds if task else None) or (
+                profile.timeout_seconds if profile else None
+            )
+            if limit is not None:
+                timeouts[agent.task_id] = limit
+        session = self.state.session
+        return Observed(
+            now=now,
+            session_started=session.started,
+            max_agents=session.max_agents,
+            tasks=list(self.state.tasks.values()),
+            agents=agents,
+            starting=frozenset(self.pool.starting),
+            not_before=self.pool.not_before,
+            profile_limits={n: p.concurrency for n, p in profiles.items() if p.concurrency},
+            default_profile=self.settings.scheduler.default_agent,
+            stop_file=self.ws.stop_file.exists(),
+            timeouts=timeouts,
+        )
+
+    def run_pass(self) -> None:
+        started = time.perf_counter()
+        actions = plan(self.observe())
+        status_updates: dict[str, dict[str, object]] = {}
+        for action in actions:
+            if isinstance(action, StopSession):
+                if action.reason == "stop_file":
+                    self.ws.stop_file.unlink(missing_ok=True)
+                self.stop_session(action.reason)
+            elif isinstance(action, StopAgent):
+                self.pool.request_stop(action.agent_id, action.reason, force=action.force)
+            elif isinstance(action, SetStatus):
+                status_updates[action.task_id] = {"status": action.status, "error": action.reason}
+            elif isinstance(action, StartTask):
+                if status_updates:
+                    self.state.update_tasks(status_updates)
+                    status_updates = {}
+                task = self.state.tasks[action.task_id]
+                if task.status != TaskStatus.WORKING:
+                    self.state.update_task(task.id, status=TaskStatus.WORKING)
+                self.pool.not_before.pop(task.id, None)
+                self.pool.starting.add(task.id)
+                self.background.spawn(f"start:{task.id}", self.pool.start(task.id, action.profile))
+        if status_updates:
+            self.state.update_tasks(status_updates)
+        self.state.flush()
+        self.passes += 1
+        self.last_pass_seconds = time.perf_counter() - started
+
+    # -- the session -------------------------------------------------------------------------------
+
+    def start_session(self, feature_branch: str | None, max_agents: int) -> SessionState:
+        session = SessionState(
+            started=True, feature_branch=feature_branch, max_agents=max_agents, started_at=utcnow()
+        )
+        self.state.set_session(session)
+        self.bus.publish(
+            "session.started", {"featureBranch": feature_branch, "maxAgents": max_agents}
+        )
+        return session
+
+    def stop_session(self, reason: str, *, force: bool = False) -> SessionState:
+        """Stop every agent (gracefully unless ``force``); their tasks return to ready."""
+        current = self.state.session
+        self.state.set_session(current.model_copy(update={"started": False}))
+        updates: dict[str, dict[str, object]] = {}
+        for agent in self.state.live_agents():
+            task = self.state.tasks.get(agent.task_id)
+            if task is not None and task.status == TaskStatus.WORKING:
+                updates[task.id] = {"status": TaskStatus.READY}
+        if updates:
+            self.state.update_tasks(updates)
+        for agent in self.state.live_agents():
+            self.pool.request_stop(agent.id, f"session stopped ({reason})", force=force)
+        # Explicit starts without an agent yet also go back to waiting.
+        leftovers = {
+            t.id: {"status": TaskStatus.READY}
+            for t in self.state.tasks.values()
+            if t.status == TaskStatus.WORKING and self.state.agent_for_task(t.id) is None
+        }
+        if leftovers:
+            self.state.update_tasks(leftovers)
+        self.state.flush()
+        self.bus.publish("session.stopped", {"reason": reason, "force": force})
+        return self.state.session

@@ -1,0 +1,150 @@
+"""Git worktrees: one worktree and branch per task, and never a lost commit.
+
+Every git call is an argv list with ``--`` before paths or refs that could look like
+options. Creating a worktree is idempotent (a retry reuses the task's worktree and branch,
+keeping earlier work); removing one with uncommitted changes is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from gridd.errors import GriddError
+from gridd.ids import task_branch
+
+log = logging.getLogger(__name__)
+
+_IDENTITY = ("-c", "user.name=gridd", "-c", "user.email=gridd@localhost")
+
+
+class GitError(GriddError):
+    code = "git_failed"
+    transient = True
+
+
+@dataclass(frozen=True)
+class GitResult:
+    code: int
+    out: str
+    err: str
+
+
+async def git(cwd: Path, *args: str, check: bool = True) -> GitResult:
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+    proc = await asyncio.create_subprocess_exec(
+        "git",
+        *args,
+        cwd=str(cwd),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    out, err = await proc.communicate()
+    result = GitResult(
+        proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+    )
+    if check and result.code != 0:
+        raise GitError(
+            f"git {' '.join(args[:3])} failed: {result.err.strip() or result.out.strip()}",
+            details={"args": list(args), "exitCode": result.code},
+        )
+    return result
+
+
+@dataclass(frozen=True)
+class Worktree:
+    task_id: str
+    path: Path
+    branch: str
+    base: str  # the commit the branch started from
+
+
+class Worktrees:
+    def __init__(self, root: Path, worktrees_dir: Path) -> None:
+        self.root = root
+        self.dir = worktrees_dir
+        self._identity: tuple[str, ...] | None = None
+
+    async def setup(self) -> None:
+        """Keep ``.grid/`` out of ``git status`` without touching tracked files."""
+        info = self.root / ".git" / "info"
+        if info.is_dir():
+            exclude = info / "exclude"
+            text = exclude.read_text() if exclude.exists() else ""
+            if ".grid/" not in text.split():
+                with exclude.open("a") as fh:
+                    fh.write(("" if text.endswith("\n") or not text else "\n") + ".grid/\n")
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    async def identity(self) -> tuple[str, ...]:
+        """Commit identity flags, only when the repository has none configured."""
+        if self._identity is None:
+            res = await git(self.root, "config", "--get", "user.email", check=False)
+            self._identity = () if res.out.strip() else _IDENTITY
+        return self._identity
+
+    async def branch_exists(self, branch: str) -> bool:
+        res = await git(
+            self.root, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False
+        )
+        return res.code == 0
+
+    async def head_commit(self, ref: str = "HEAD") -> str:
+        return (await git(self.root, "rev-parse", "--verify", f"{ref}^{{commit}}")).out.strip()
+
+    async def ensure_branch(self, branch: str) -> str:
+        """The commit of ``branch``, creating it from HEAD when missing."""
+        if not await self.branch_exists(branch):
+            head = await self.head_commit("HEAD")
+            await git(self.root, "update-ref", f"refs/heads/{branch}", head, "")
+            log.info("created branch %s at %s", branch, head[:12])
+        return await self.head_commit(f"refs/heads/{branch}")
+
+    async def create(self, task_id: str, base_branch: str | None) -> Worktree:
+        """The task's worktree on ``grid/<task-id>``, created or reused."""
+        path = self.dir / task_id
+        branch = task_branch(task_id)
+        if await self.branch_exists(branch):
+            base = await self.base_of(branch)
+            if not (path / ".git").exists():
+                await git(self.root, "worktree", "prune")
+                await git(self.root, "worktree", "add", "--", str(path), branch)
+            return Worktree(task_id, path, branch, base)
+        base_ref = f"refs/heads/{base_branch}" if base_branch else "HEAD"
+        if base_branch:
+            await self.ensure_branch(base_branch)
+        base = await self.head_commit(base_ref)
+        if path.exists() and not any(path.iterdir()):
+            path.rmdir()
+        await git(self.root, "worktree", "add", "-b", branch, "--", str(path), base)
+        await git(self.root, "config", f"branch.{branch}.gridBase", base)
+        return Worktree(task_id, path, branch, base)
+
+    async def base_of(self, branch: str) -> str:
+        res = await git(self.root, "config", "--get", f"branch.{branch}.gridBase", check=False)
+        if res.out.strip():
+            return res.out.strip()
+        # Fall back to where the branch forked from HEAD.
+        mb = await git(self.root, "merge-base", "HEAD", f"refs/heads/{branch}", check=False)
+        return mb.out.strip() or await self.head_commit(f"refs/heads/{branch}")
+
+    async def is_dirty(self, path: Path) -> bool:
+        res = await git(path, "status", "--porcelain", "--untracked-files=all")
+        return bool(res.out.strip())
+
+    async def commit_all(self, path: Path, message: str) -> bool:
+        """Commit everything left in the worktree; False when there was nothing."""
+        if not await self.is_dirty(path):
+            return False
+        await git(path, "add", "-A", "--", ".")
+        await git(path, *await self.identity(), "commit", "-q", "--no-verify", "-m", message)
+        return True
+
+    async def changed_files(self, path: Path, base: str) -> list[str]:
+        res = await git(path, "diff", "--name-only", f"{base}..HEAD", "--")
+        return sorted(line for line in res.out.splitlines() if line)

@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 from gridd.agents.output import OutputLog
@@ -22,7 +22,7 @@ from gridd.agents.process import AgentProcess, ExitStatus
 from gridd.background import Background
 from gridd.errors import GriddError
 from gridd.events import EventBus
-from gridd.model import Agent, AgentStatus, TaskStatus, utcnow
+from gridd.model import Agent, AgentStatus, Task, TaskStatus, utcnow
 from gridd.settings import AgentProfile, Settings
 from gridd.state import GridState
 from gridd.workspace import Workspace
@@ -67,6 +67,9 @@ class AgentPool:
         self.started_mono: dict[str, float] = {}
         self.starting: set[str] = set()
         self.not_before: dict[str, float] = {}
+        #: Called before the first agent of a task from an external source starts;
+        #: False means someone else owns the task (e.g. a lost beads claim).
+        self.claimers: dict[str, Callable[[Task], Awaitable[bool]]] = {}
 
     # -- starting ----------------------------------------------------------------------------
 
@@ -93,6 +96,13 @@ class AgentPool:
         profile = self.profiles.get(profile_name)
         if profile is None:
             raise GriddError(f"unknown agent profile {profile_name!r}", code="unknown_profile")
+        first = self.state.tasks[task_id]
+        claimer = self.claimers.get(first.source)
+        if claimer is not None and first.attempts == 0 and not await claimer(first):
+            self.state.update_task(
+                task_id, status=TaskStatus.CANCELLED, error="claimed by someone else"
+            )
+            return
         session = self.state.session
         base = session.feature_branch if session.started else None
         worktree = await self.worktrees.create(task_id, base)

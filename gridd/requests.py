@@ -10,6 +10,13 @@ from pydantic.alias_generators import to_camel
 from gridd.ids import branch_problem, task_id_problem
 
 
+def _check_dependency_ids(value: list[str]) -> list[str]:
+    for dep in value:
+        if problem := task_id_problem(dep):
+            raise ValueError(f"invalid dependency id {dep!r}: {problem}")
+    return list(dict.fromkeys(value))
+
+
 class RequestModel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
@@ -35,10 +42,7 @@ class TaskSpec(RequestModel):
     @field_validator("depends_on")
     @classmethod
     def _valid_deps(cls, value: list[str]) -> list[str]:
-        for dep in value:
-            if problem := task_id_problem(dep):
-                raise ValueError(f"invalid dependency id {dep!r}: {problem}")
-        return list(dict.fromkeys(value))
+        return _check_dependency_ids(value)
 
 
 class TaskPatch(RequestModel):
@@ -51,9 +55,10 @@ class TaskPatch(RequestModel):
     max_attempts: int | None = Field(None, ge=1, le=100)
     timeout_seconds: float | None = Field(None, gt=0, le=7 * 24 * 3600)
 
-    _valid_deps = field_validator("depends_on")(
-        classmethod(lambda cls, v: TaskSpec._valid_deps(v) if v is not None else v)  # type: ignore[arg-type]
-    )
+    @field_validator("depends_on")
+    @classmethod
+    def _valid_deps(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else _check_dependency_ids(value)
 
 
 class PlanSpec(RequestModel):

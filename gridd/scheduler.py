@@ -69,7 +69,7 @@ class Scheduler:
     def observe(self) -> Observed:
         now = time.monotonic()
         profiles = self.pool.profiles
-        agents = []
+        agents: list[AgentView] = []
         for agent in self.state.live_agents():
             started = self.pool.started_mono.get(agent.id)
             if started is None:
@@ -84,14 +84,14 @@ class Scheduler:
                 )
             )
         timeouts: dict[str, float] = {}
-        for agent in agents:
-            task = self.state.tasks.get(agent.task_id)
-            profile = profiles.get(agent.profile)
+        for view in agents:
+            task = self.state.tasks.get(view.task_id)
+            profile = profiles.get(view.profile)
             limit = (task.timeout_seconds if task else None) or (
                 profile.timeout_seconds if profile else None
             )
             if limit is not None:
-                timeouts[agent.task_id] = limit
+                timeouts[view.task_id] = limit
         session = self.state.session
         return Observed(
             now=now,

@@ -29,6 +29,8 @@ from gridd.model import (
 from gridd.pool import AgentPool
 from gridd.scheduler import Scheduler
 from gridd.settings import Settings
+from gridd.sources.beads import SOURCE as BEADS
+from gridd.sources.beads import BeadsSource
 from gridd.state import GridState
 from gridd.store import Store
 from gridd.workspace import Workspace
@@ -67,6 +69,14 @@ class Grid:
             pool=self.pool,
             background=self.background,
         )
+        self.beads = BeadsSource(
+            workspace=workspace,
+            settings=settings.beads,
+            state=self.state,
+            bus=self.bus,
+            background=self.background,
+            default_agent=settings.beads.default_agent,
+        )
         self.commands = Commands(
             settings=settings, state=self.state, pool=self.pool, scheduler=self.scheduler
         )
@@ -87,6 +97,9 @@ class Grid:
         await self.worktrees.setup()
         self.workspace.runs_dir.mkdir(mode=0o700, exist_ok=True)
         self.commands.recover()
+        if self.beads.enabled():
+            self.pool.claimers[BEADS] = self.beads.claim
+            self.beads.start()
         self.background.spawn("event-log-pruner", self._prune_loop())
         self.background.spawn("scheduler", self.scheduler.run())
 
@@ -144,6 +157,7 @@ class Grid:
             started_at=self.started_at,
             last_event_id=self.bus.last_id,
             subscribers=self.bus.subscriber_count,
+            last_beads_sync=self.beads.last_sync_at,
             warnings=list(self.warnings),
         )
 

@@ -56,7 +56,7 @@ async def openapi(request: Request) -> Response:
 
 
 def create_app(grid: Grid) -> Starlette:
-    app = Starlette(routes=table.routes(), exception_handlers=EXCEPTION_HANDLERS)  # type: ignore[arg-type]
+    app = Starlette(routes=table.routes(), exception_handlers=EXCEPTION_HANDLERS)
     app.state.grid = grid
     app.state.openapi = table.openapi()
     return app

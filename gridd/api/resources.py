@@ -64,7 +64,7 @@ async def list_tasks(request: Request) -> Response:
             f"unknown status in {raw!r}; known: {', '.join(s.value for s in TaskStatus)}",
             code="bad_query",
         ) from None
-    return wire([t for t in grid.state.tasks.values() if t.status in wanted])  # type: ignore[misc]
+    return wire([t for t in grid.state.tasks.values() if t.status in wanted])
 
 
 @table.add(

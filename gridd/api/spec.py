@@ -101,7 +101,7 @@ class RouteTable:
             ok: dict[str, Any] = {"description": "OK"}
             if ep.response is not None:
                 models[ep.response.__name__] = ep.response
-                schema = _ref(ep.response)
+                schema: dict[str, Any] = _ref(ep.response)
                 if ep.response_list:
                     schema = {"type": "array", "items": schema}
                 ok["content"] = {ep.content_type: {"schema": schema}}
@@ -115,11 +115,11 @@ class RouteTable:
             paths.setdefault(_openapi_path(ep.path), {})[ep.method.lower()] = op
         schemas: dict[str, Any] = {}
         for name, model in models.items():
-            schema = model.model_json_schema(
+            model_schema = model.model_json_schema(
                 by_alias=True, ref_template="#/components/schemas/{model}"
             )
-            schemas.update(schema.pop("$defs", {}))
-            schemas[name] = schema
+            schemas.update(model_schema.pop("$defs", {}))
+            schemas[name] = model_schema
         return {
             "openapi": "3.1.0",
             "info": {

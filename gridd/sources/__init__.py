@@ -1,0 +1,1 @@
+"""Where tasks come from besides the API: beads (``bd``)."""

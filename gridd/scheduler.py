@@ -44,6 +44,8 @@ class Scheduler:
         self.background = background
         self._wake = asyncio.Event()
         self.passes = 0
+        self.idle_passes = 0
+        self._last_key: tuple[object, ...] | None = None
         self.last_pass_seconds = 0.0
         state.on_change(self.wake)
 
@@ -107,8 +109,30 @@ class Scheduler:
             timeouts=timeouts,
         )
 
-    def run_pass(self) -> None:
+    def _idle_key(self) -> tuple[object, ...]:
+        """What can change the plan without a state revision: time-based facts only."""
+        now = time.monotonic()
+        expired = sum(1 for t in self.pool.not_before.values() if t <= now)
+        overdue = []
+        for agent in self.state.live_agents():
+            task = self.state.tasks.get(agent.task_id)
+            profile = self.pool.profiles.get(agent.profile)
+            limit = (task.timeout_seconds if task else None) or (
+                profile.timeout_seconds if profile else None
+            )
+            started = self.pool.started_mono.get(agent.id)
+            if limit is not None and started is not None and now - started > limit:
+                overdue.append(agent.id)
+        return (self.state.revision, self.ws.stop_file.exists(), expired, tuple(overdue))
+
+    def run_pass(self, *, force: bool = False) -> None:
+        """One reconcile pass. Skipped when nothing it depends on has changed (idle)."""
         started = time.perf_counter()
+        key = self._idle_key()
+        if key == self._last_key and not force:
+            self.idle_passes += 1
+            self.last_pass_seconds = time.perf_counter() - started
+            return
         actions = plan(self.observe())
         status_updates: dict[str, dict[str, object]] = {}
         for action in actions:
@@ -133,6 +157,7 @@ class Scheduler:
         if status_updates:
             self.state.update_tasks(status_updates)
         self.state.flush()
+        self._last_key = self._idle_key() if not actions else None
         self.passes += 1
         self.last_pass_seconds = time.perf_counter() - started
 

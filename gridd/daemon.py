@@ -23,15 +23,14 @@ import signal
 import socket
 import stat
 import sys
+import time
 from collections.abc import Callable, Generator
 from pathlib import Path
 
 import uvicorn
-from uvicorn.config import HTTP_PROTOCOLS
-from uvicorn.importer import import_from_string
 
 from gridd.api import create_app
-from gridd.api.peercred import peer_checked
+from gridd.api.protocol import gridd_protocol
 from gridd.errors import AlreadyRunning, GriddError, WorkspaceError
 from gridd.service import Grid
 from gridd.settings import Settings, load_settings
@@ -46,11 +45,14 @@ log = logging.getLogger("gridd")
 
 def acquire_lock(ws: Workspace) -> int:
     """Take the workspace lock or raise AlreadyRunning naming the holder's pid."""
-    fd = os.open(ws.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fd = os.open(ws.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise WorkspaceError(f"cannot open {ws.lock_path}: {exc.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = _read_pid(fd)
+        holder = _read_holder_pid(fd)
         os.close(fd)
         raise AlreadyRunning(str(ws.root), holder) from None
     os.ftruncate(fd, 0)
@@ -58,11 +60,17 @@ def acquire_lock(ws: Workspace) -> int:
     return fd
 
 
-def _read_pid(fd: int) -> int | None:
-    try:
-        return int(os.pread(fd, 32, 0).decode().strip())
-    except (OSError, ValueError):
-        return None
+def _read_holder_pid(fd: int, *, patience: float = 0.5) -> int | None:
+    # The holder writes its pid right after winning the lock; a loser of a simultaneous
+    # start may look in between, so give it a moment before saying "unknown".
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            return int(os.pread(fd, 32, 0).decode().strip())
+        except (OSError, ValueError):
+            if time.monotonic() >= deadline:
+                return None
+        time.sleep(0.02)
 
 
 def read_pid_file(path: Path) -> int | None:
@@ -147,9 +155,16 @@ def setup_logging(ws: Workspace, settings: Settings) -> None:
 class _Server(uvicorn.Server):
     """uvicorn, with our own signal handling (flags only) and a hook once it accepts."""
 
-    def __init__(self, config: uvicorn.Config, *, on_started: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        *,
+        on_started: Callable[[], None],
+        handle_signals: bool = True,
+    ) -> None:
         super().__init__(config)
         self._on_started = on_started
+        self._handle_signals = handle_signals
         self.on_signal: Callable[[int], None] = lambda sig: None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -161,6 +176,9 @@ class _Server(uvicorn.Server):
     def capture_signals(self) -> Generator[None, None, None]:
         # uvicorn re-raises a captured SIGTERM after serving, which would turn a graceful
         # stop into exit status 143. We only set flags, and exit 0 like any clean stop.
+        if not self._handle_signals:
+            yield
+            return
         loop = asyncio.get_running_loop()
         sigs = (signal.SIGTERM, signal.SIGINT)
         for sig in sigs:
@@ -185,31 +203,46 @@ def _write_pid_file(path: Path) -> None:
     os.replace(tmp, path)
 
 
-async def serve(ws: Workspace, settings: Settings, store: Store, sock: socket.socket) -> None:
-    grid = Grid(workspace=ws, settings=settings, store=store)
-    app = create_app(grid)
-    protocol = peer_checked(import_from_string(HTTP_PROTOCOLS["auto"]), os.getuid())
+def build_server(
+    grid: Grid, *, on_started: Callable[[], None] = lambda: None, handle_signals: bool = True
+) -> _Server:
+    """The uvicorn server for ``grid``: peer-checked, JSON errors even for unparseable
+    requests, no websockets, and a bounded graceful shutdown. Serve it on our own socket."""
+    protocol = gridd_protocol(
+        allowed_uid=os.getuid(), stall_timeout=grid.settings.events.send_timeout_seconds
+    )
     config = uvicorn.Config(
-        app,
+        create_app(grid),
         http=protocol,
+        ws="none",
         lifespan="off",
         log_config=None,
         access_log=False,
-        timeout_graceful_shutdown=int(settings.daemon.shutdown_timeout_seconds),
+        # A float is fine at runtime (it goes to asyncio.wait_for); int() would turn 0.5
+        # into 0, which uvicorn reads as "cancel every open request at once".
+        timeout_graceful_shutdown=grid.settings.daemon.shutdown_timeout_seconds,  # type: ignore[arg-type]
         timeout_keep_alive=30,
     )
-
-    def started() -> None:
-        _write_pid_file(ws.pid_path)
-        log.info("gridd %s ready on %s (pid %d)", grid.version().version, ws.socket_path, os.getpid())
-
-    server = _Server(config, on_started=started)
+    server = _Server(config, on_started=on_started, handle_signals=handle_signals)
 
     def stop_serving() -> None:
         server.should_exit = True
 
     grid.on_shutdown_request(stop_serving)
     server.on_signal = lambda sig: grid.request_shutdown()
+    return server
+
+
+async def serve(ws: Workspace, settings: Settings, store: Store, sock: socket.socket) -> None:
+    grid = Grid(workspace=ws, settings=settings, store=store)
+
+    def started() -> None:
+        _write_pid_file(ws.pid_path)
+        log.info(
+            "gridd %s ready on %s (pid %d)", grid.version().version, ws.socket_path, os.getpid()
+        )
+
+    server = build_server(grid, on_started=started)
     await grid.start()
     try:
         await server.serve(sockets=[sock])
@@ -244,6 +277,11 @@ def run(workspace: Path | None = None) -> int:
             log.error("%s", exc.message)
         else:
             print(f"gridd: {exc.message}", file=sys.stderr)
+        return 1
+    except Exception:
+        if not logging_ready:
+            raise
+        log.exception("gridd stopped by an unexpected error")  # into gridd.log, not just stderr
         return 1
     finally:
         _remove_if_ours(ws.pid_path, lambda p: read_pid_file(p) == os.getpid())

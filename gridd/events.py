@@ -45,17 +45,26 @@ class Subscriber:
         try:
             self.queue.put_nowait(None)
         except asyncio.QueueFull:
-            pass  # the reader checks ``closed`` after each item
+            pass  # a full queue has a reader on its way; it stops when the queue is empty
 
     async def get(self, timeout: float | None = None) -> Event | None:
-        """The next event, or None when the stream must end (closed, dropped or timeout)."""
-        if self.dropped or self.closed:
+        """The next event, or None when the stream must end (closed, dropped or timeout).
+
+        A closed subscriber still hands out what was queued before the close (the last
+        of it is ``daemon.stopping``); a dropped one ends at once, it resumes from the log.
+        """
+        if self.dropped:
             return None
+        if self.closed:
+            try:
+                return self.queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return None
         try:
             item = await asyncio.wait_for(self.queue.get(), timeout)
         except TimeoutError:
             return None
-        if item is None or self.dropped or self.closed:
+        if item is None or self.dropped:
             return None
         return item
 
@@ -96,7 +105,9 @@ class EventBus:
             listener(event)
         return event
 
-    def subscribe(self, *, types: Iterable[str] | None = None, after: int | None = None) -> Subscriber:
+    def subscribe(
+        self, *, types: Iterable[str] | None = None, after: int | None = None
+    ) -> Subscriber:
         """Register a live subscriber that receives every event with id > ``after``.
 
         Must be called with no ``await`` between the caller's last read of the log and this
@@ -126,7 +137,9 @@ class EventBus:
             sub._close()
         self._subscribers.clear()
 
-    def replay(self, since: int, *, types: Iterable[str] | None = None, limit: int = 500) -> list[Event]:
+    def replay(
+        self, since: int, *, types: Iterable[str] | None = None, limit: int = 500
+    ) -> list[Event]:
         return self._store.events_after(since, types=types, limit=limit)
 
     def oldest_id(self) -> int:

@@ -163,6 +163,7 @@ class Health(WireModel):
     status: str = "ok"
     pid: int
     uptime: float
+    warnings: list[str] = Field(default_factory=list)
 
 
 class ErrorDetail(BaseModel):

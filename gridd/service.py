@@ -136,7 +136,10 @@ class Grid:
 
     def health(self) -> Health:
         return Health(
-            status="degraded" if self.warnings else "ok", pid=os.getpid(), uptime=self.uptime
+            status="degraded" if self.warnings else "ok",
+            pid=os.getpid(),
+            uptime=self.uptime,
+            warnings=list(self.warnings),
         )
 
     def version(self) -> VersionInfo:

@@ -72,8 +72,20 @@ class Workspace:
 
     def ensure_grid_dir(self) -> None:
         """Create ``.grid/`` with mode 0700 (and tighten it if it exists looser)."""
-        self.grid_dir.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(self.grid_dir, 0o700)
+        try:
+            self.grid_dir.mkdir(mode=0o700, exist_ok=True)
+            os.chmod(self.grid_dir, 0o700)
+        except FileExistsError:
+            raise WorkspaceError(
+                f"{self.grid_dir} exists and is not a directory; gridd keeps its state there",
+                code="grid_dir_occupied",
+                details={"path": str(self.grid_dir)},
+            ) from None
+        except OSError as exc:
+            raise WorkspaceError(
+                f"cannot create the state directory {self.grid_dir}: {exc.strerror}",
+                details={"path": str(self.grid_dir)},
+            ) from None
 
 
 def find_workspace(path: Path | None = None) -> Workspace:

@@ -137,3 +137,299 @@ def running_daemon(root: Path, **kwargs) -> Iterator[DaemonProc]:  # type: ignor
 
 def remove_repo(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
+
+
+# -- added for the daemon-foundation tests ---------------------------------------------------
+
+import contextlib  # noqa: E402
+import threading  # noqa: E402
+
+from gridd.client import SSEEvent  # noqa: E402
+
+
+def run_gridd(root: Path, *, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    """Run ``gridd`` expecting it to exit by itself (a refused start); output captured."""
+    return subprocess.run(
+        [*GRIDD, "--workspace", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def write_config(root: Path, text: str) -> None:
+    grid = root / ".grid"
+    grid.mkdir(mode=0o700, exist_ok=True)
+    (grid / "config.toml").write_text(text)
+
+
+def raw_http(
+    sock: Path, request: bytes, *, timeout: float = 5.0
+) -> tuple[int, dict[str, str], bytes]:
+    """Send raw bytes to the socket, read until the server closes; (status, headers, body)."""
+    import socket as _socket
+
+    with _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(sock))
+        s.sendall(request)
+        chunks = []
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    data = b"".join(chunks)
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers, body
+
+
+@dataclass
+class InProcessDaemon:
+    """The real app on a real uvicorn server and socket, inside the test's event loop, so a
+    test can publish events straight onto the bus."""
+
+    grid: object  # gridd.service.Grid
+    sock: Path
+    server: object  # gridd.daemon._Server
+
+
+@contextlib.asynccontextmanager
+async def inprocess_daemon(root: Path, config: dict | None = None):  # type: ignore[no-untyped-def,type-arg]
+    """Serve ``root`` from this process: same composition as gridd, no signal handlers."""
+    import asyncio
+
+    from gridd.daemon import bind_socket, build_server
+    from gridd.service import Grid
+    from gridd.settings import parse_settings
+    from gridd.store import Store
+    from gridd.workspace import Workspace
+
+    ws = Workspace(root=root)
+    ws.ensure_grid_dir()
+    settings = parse_settings(config or {})
+    store = Store.open(ws.db_path)
+    grid = Grid(workspace=ws, settings=settings, store=store)
+    server = build_server(grid, handle_signals=False)
+    sock = bind_socket(ws.socket_path)
+    await grid.start()
+    task = asyncio.create_task(server.serve(sockets=[sock]), name="inprocess-uvicorn")
+    try:
+        deadline = asyncio.get_running_loop().time() + 10
+        while not server.started:
+            if task.done():
+                task.result()
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError("in-process server did not start")
+            await asyncio.sleep(0.01)
+        yield InProcessDaemon(grid=grid, sock=ws.socket_path, server=server)
+    finally:
+        grid.request_shutdown()
+        server.should_exit = True
+        await asyncio.wait_for(task, 15)
+        await grid.stop()
+        store.close()
+        ws.socket_path.unlink(missing_ok=True)
+
+
+@dataclass
+class SSERead:
+    """What one ``GET /events`` connection delivered."""
+
+    events: list[SSEEvent] = field(default_factory=list)
+    comments: list[str] = field(default_factory=list)
+    ended: bool = False  # the daemon closed the stream (as opposed to us stopping)
+
+    @property
+    def ids(self) -> list[int]:
+        """Ids of log events (snapshots and resets repeat the position, so they are left out)."""
+        return [
+            e.id
+            for e in self.events
+            if e.id is not None and e.type not in {"state.snapshot", "reset"}
+        ]
+
+    def types(self) -> list[str]:
+        return [e.type for e in self.events]
+
+
+def read_sse(  # type: ignore[no-untyped-def]
+    sock: Path,
+    *,
+    params: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None,
+    until=None,
+    timeout: float = 15.0,
+    started: threading.Event | None = None,
+) -> SSERead:
+    """Read ``GET /events`` until ``until(read)`` holds or the daemon ends the stream.
+
+    Fails (AssertionError) when neither happens within ``timeout`` seconds.
+    """
+    from gridd.client import SSEParser
+
+    read = SSERead()
+    deadline = time.monotonic() + timeout
+    parser = SSEParser()
+    transport = httpx.HTTPTransport(uds=str(sock))
+    http = httpx.Client(transport=transport, base_url="http://gridd")
+    stream = http.stream(
+        "GET", "/events", params=params, headers=headers, timeout=httpx.Timeout(10.0, read=timeout)
+    )
+    with http, stream as response:
+        assert response.status_code == 200, response.read()
+        if started is not None:
+            started.set()
+        try:
+            for line in response.iter_lines():
+                if line.startswith(":"):
+                    read.comments.append(line)
+                event = parser.feed_line(line)
+                if event is not None:
+                    read.events.append(event)
+                if until is not None and until(read):
+                    return read
+                if time.monotonic() > deadline:
+                    break
+            else:
+                read.ended = True
+                return read
+        except (httpx.RemoteProtocolError, httpx.ReadError):
+            read.ended = True
+            return read
+        except httpx.ReadTimeout:
+            pass
+    raise AssertionError(f"SSE stream gave no result within {timeout}s; got {read.types()}")
+
+
+# -- added for the core-loop tests (tasks, plans, scheduler, agents) ---------------------------
+
+import json  # noqa: E402
+
+import psutil  # noqa: E402
+
+#: Small executable agents used by the core-loop tests.
+AGENTS_DIR = Path(__file__).resolve().parent / "agents"
+
+#: Scheduler settings that keep the core-loop tests quick.
+FAST_SCHEDULER: dict[str, object] = {
+    "backoff_seconds": 0.1,
+    "backoff_max_seconds": 0.5,
+    "stop_grace_seconds": 1.0,
+    "tick_seconds": 0.25,
+}
+
+
+def agent_command(script: str, *args: str) -> list[str]:
+    """argv running ``tests/agents/<script>`` with this interpreter."""
+    return [sys.executable, str(AGENTS_DIR / script), *args]
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def write_core_config(
+    root: Path,
+    *,
+    agents: dict[str, dict[str, object]] | None = None,
+    scheduler: dict[str, object] | None = None,
+) -> None:
+    """``.grid/config.toml`` with agent profiles and (fast by default) scheduler settings."""
+    lines = ["[scheduler]"]
+    lines += [f"{k} = {_toml(v)}" for k, v in {**FAST_SCHEDULER, **(scheduler or {})}.items()]
+    for name, profile in (agents or {}).items():
+        lines.append(f"\n[agents.{name}]")
+        lines += [f"{k} = {_toml(v)}" for k, v in profile.items()]
+    write_config(root, "\n".join(lines) + "\n")
+
+
+def event_log(
+    client: GridClient, *, types: set[str] | None = None, timeout: float = 15.0
+) -> list[SSEEvent]:
+    """Every event logged so far, oldest first, replayed from the durable log."""
+    last = int(client.get("/state")["daemon"]["lastEventId"])
+    out: list[SSEEvent] = []
+    if last == 0:
+        return out
+    stream = client.events(since=0, read_timeout=timeout)
+    try:
+        for event in stream:
+            if event.id is None:
+                continue
+            if types is None or event.type in types:
+                out.append(event)
+            if event.id >= last:
+                return out
+    finally:
+        stream.close()  # type: ignore[attr-defined]
+    raise AssertionError(f"event replay ended before event {last}")
+
+
+def process_gone(pid: int) -> bool:
+    """True when ``pid`` no longer runs (a zombie nobody reaped counts as gone)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def kill_workspace_agents(root: Path) -> list[int]:
+    """SIGKILL every process that runs as a gridd agent of ``root`` (teardown safety net)."""
+    workspace = str(root.resolve())
+    killed = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid == os.getpid() or proc.environ().get("GRID_WORKSPACE") != workspace:
+                continue
+            proc.kill()
+            killed.append(proc.pid)
+        except psutil.Error:
+            continue
+    return killed
+
+
+@contextmanager
+def core_daemon(root: Path, **kwargs) -> Iterator[DaemonProc]:  # type: ignore[no-untyped-def]
+    """``running_daemon`` that force-stops the session first and leaves no agent behind."""
+    try:
+        with running_daemon(root, **kwargs) as daemon:
+            try:
+                yield daemon
+            finally:
+                if daemon.proc.poll() is None:
+                    with contextlib.suppress(Exception), daemon.client() as c:
+                        c.post("/session/stop", params={"force": "1"})
+                        wait_for(lambda: not c.get("/agents"), timeout=15, interval=0.1)
+    finally:
+        kill_workspace_agents(root)
+
+
+def wait_for_events(
+    client: GridClient, types: set[str], count: int, *, timeout: float = 30.0
+) -> list[SSEEvent]:
+    """The logged events of ``types`` once there are at least ``count`` of them."""
+    events: list[SSEEvent] = wait_for(
+        lambda: (found := event_log(client, types=types)) and len(found) >= count and found,
+        timeout=timeout,
+        interval=0.1,
+        message=f"{count} event(s) of {sorted(types)}",
+    )
+    return events

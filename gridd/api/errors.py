@@ -82,11 +82,31 @@ EXCEPTION_HANDLERS = {
 }
 
 
+def raw_error_response(
+    status: int, reason: str, code: str, message: str, details: Any = None
+) -> bytes:
+    """A complete HTTP/1.1 error response with the JSON error body, closing the connection.
+
+    For the places below the ASGI app (the HTTP protocol itself) that must answer alone.
+    """
+    body = json.dumps(
+        {"error": {"code": code, "message": message, "details": details or {}}},
+        separators=(",", ":"),
+    ).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    ).encode()
+    return head + body
+
+
 async def read_json(request: Request) -> Any:
     """The request body as JSON; an empty body is ``None``."""
     body = await request.body()
     if len(body) > MAX_BODY_BYTES:
-        raise BadRequest(f"request body larger than {MAX_BODY_BYTES} bytes", code="payload_too_large")
+        raise BadRequest(
+            f"request body larger than {MAX_BODY_BYTES} bytes", code="payload_too_large"
+        )
     if not body.strip():
         return None
     try:

@@ -9,12 +9,15 @@ stream opens with a snapshot, so a client never has to race ``GET /state`` again
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette.sse import SendTimeoutError
 from starlette.requests import Request
+from starlette.types import Receive, Scope, Send
 
 from gridd.api.errors import query_int
 from gridd.errors import BadRequest
@@ -25,6 +28,9 @@ from gridd.service import Grid
 SNAPSHOT = "state.snapshot"
 RESET = "reset"
 _TYPE_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789._-")
+MAX_TYPES = 64
+
+log = logging.getLogger(__name__)
 
 
 def _dumps(data: Any) -> str:
@@ -56,6 +62,10 @@ def parse_types(request: Request) -> frozenset[str] | None:
     if not raw:
         return None
     types = frozenset(t.strip() for t in raw.split(",") if t.strip())
+    if len(types) > MAX_TYPES:
+        raise BadRequest(
+            f"at most {MAX_TYPES} event types in 'types', got {len(types)}", code="bad_query"
+        )
     for name in types:
         if len(name) > 64 or not set(name) <= _TYPE_CHARS:
             raise BadRequest(f"invalid event type in 'types': {name!r}", code="bad_query")
@@ -74,7 +84,7 @@ class EventStream:
 
     def _snapshot(self) -> ServerSentEvent:
         return ServerSentEvent(
-            data=_dumps(self.grid.state().wire()), event=SNAPSHOT, id=str(self.last)
+            data=self.grid.state_json().decode(), event=SNAPSHOT, id=str(self.last)
         )
 
     def _wants_snapshots(self) -> bool:
@@ -84,7 +94,10 @@ class EventStream:
         bus = self.grid.bus
         try:
             if self.since is None:
+                # The position is taken when subscribing, not when the request arrived:
+                # anything published in between is in the snapshot, and its id says so.
                 self.sub = bus.subscribe(types=self.types)
+                self.last = bus.last_id
                 if self._wants_snapshots():
                     yield self._snapshot()
             else:
@@ -137,13 +150,30 @@ class EventStream:
             yield _sse(event)
 
 
+class _EventSourceResponse(EventSourceResponse):
+    """sse-starlette's response; a client too slow to take one send is dropped quietly.
+
+    It resumes with Last-Event-ID and loses nothing, so this is a warning, not a traceback.
+    (The protocol's stall guard usually aborts such a connection first; see api.protocol.)
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except SendTimeoutError:
+            log.warning(
+                "SSE client took longer than %ss to accept data; dropped", self.send_timeout
+            )
+
+
 async def events_endpoint(request: Request) -> EventSourceResponse:
     grid: Grid = request.app.state.grid
     stream = EventStream(grid, since=parse_since(request), types=parse_types(request))
     settings = grid.settings.events
-    return EventSourceResponse(
+    return _EventSourceResponse(
         stream.__aiter__(),
         ping=settings.keepalive_seconds,
-        send_timeout=settings.send_timeout_seconds,
+        # A backstop: the protocol aborts a peer stalled for send_timeout_seconds first.
+        send_timeout=settings.send_timeout_seconds * 2,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )

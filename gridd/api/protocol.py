@@ -1,0 +1,118 @@
+"""The HTTP protocol gridd serves on its socket: uvicorn's, with three guards at the wire.
+
+Below the ASGI app, where no route or exception handler can help:
+
+- peer credentials: a connection from any uid but the daemon's is answered 403 and closed
+  before a byte of the request is read (see ``peercred``);
+- a request uvicorn cannot even parse gets the JSON error body, not ``text/plain``;
+- a peer that stops reading is cut off: once the transport has had to pause writing for
+  ``stall_timeout`` seconds the connection is aborted. ``close()`` would wait forever to
+  flush to a frozen client, keeping its socket and buffer; ``abort()`` frees both and ends
+  its request (an SSE stream sees a disconnect).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from uvicorn.config import HTTP_PROTOCOLS
+from uvicorn.importer import import_from_string
+
+from gridd.api.errors import raw_error_response
+from gridd.api.peercred import forbidden_response, peer_uid
+
+log = logging.getLogger(__name__)
+
+#: How long a refused peer may keep sending before its connection is closed regardless.
+_LINGER_SECONDS = 2.0
+
+
+def gridd_protocol(
+    *, allowed_uid: int, stall_timeout: float, base: type[asyncio.Protocol] | None = None
+) -> type[asyncio.Protocol]:
+    """Subclass uvicorn's HTTP protocol (``auto``: httptools, else h11) with the guards."""
+    parent: Any = base if base is not None else import_from_string(HTTP_PROTOCOLS["auto"])
+
+    class GriddHTTPProtocol(parent):  # type: ignore[misc]
+        _refused = False
+        _stall_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            sock = transport.get_extra_info("socket")
+            uid = peer_uid(sock) if sock is not None else None
+            if uid is not None and uid != allowed_uid:
+                log.warning("refused connection from uid %d", uid)
+                self._refuse(transport, uid)
+                return
+            super().connection_made(transport)
+
+        def _refuse(self, transport: Any, uid: int) -> None:
+            # Answer, stop writing, and keep swallowing the request until the peer hangs
+            # up (or briefly at most): closing with its request unread would reset the
+            # connection, and the peer would see ECONNRESET instead of the 403.
+            self._refused = True
+            self._refused_transport = transport
+            transport.write(forbidden_response(uid))
+            if transport.can_write_eof():
+                transport.write_eof()
+            self._linger = asyncio.get_running_loop().call_later(_LINGER_SECONDS, transport.close)
+
+        def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return  # never parsed
+            super().data_received(data)
+
+        def eof_received(self) -> bool | None:
+            if self._refused:
+                self._refused_transport.close()
+                return False
+            result: bool | None = super().eof_received()
+            return result
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_stall_timer()
+            if self._refused:
+                self._linger.cancel()
+                return
+            super().connection_lost(exc)
+
+        def send_400_response(self, msg: str) -> None:
+            self.transport.write(
+                raw_error_response(
+                    400,
+                    "Bad Request",
+                    "malformed_http",
+                    f"the request is not valid HTTP/1.1 ({msg.rstrip('.')})",
+                )
+            )
+            self.transport.close()
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self._stall_timer is None:
+                loop = asyncio.get_running_loop()
+                self._stall_timer = loop.call_later(stall_timeout, self._abort_stalled)
+
+        def resume_writing(self) -> None:
+            self._cancel_stall_timer()
+            super().resume_writing()
+
+        def _cancel_stall_timer(self) -> None:
+            if self._stall_timer is not None:
+                self._stall_timer.cancel()
+                self._stall_timer = None
+
+        def _abort_stalled(self) -> None:
+            self._stall_timer = None
+            if not self.transport.is_closing() or self.transport.get_write_buffer_size():
+                log.warning(
+                    "client stopped reading for %.1fs (%d bytes unsent); dropping the connection",
+                    stall_timeout,
+                    self.transport.get_write_buffer_size(),
+                )
+                self.transport.abort()
+
+    GriddHTTPProtocol.__name__ = f"Gridd{parent.__name__}"
+    return GriddHTTPProtocol

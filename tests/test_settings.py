@@ -1,0 +1,88 @@
+"""Settings: read once from ``.grid/config.toml``; every mistake names the key and the problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gridd.errors import ConfigError
+from gridd.settings import Settings, load_settings, parse_settings
+
+
+def test_missing_config_file_means_documented_defaults(tmp_path: Path) -> None:
+    settings = load_settings(tmp_path / "config.toml")
+    assert settings == Settings()
+    assert settings.events.keepalive_seconds <= 15
+    assert settings.events.snapshot_seconds == 30
+    assert settings.events.retain >= 100
+
+
+def test_config_file_values_override_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(
+        "[events]\nretain = 100\nkeepalive_seconds = 0.2\nsnapshot_seconds = 0.1\n"
+        '[daemon]\nlog_level = "DEBUG"\n'
+    )
+    settings = load_settings(path)
+    assert settings.events.retain == 100
+    assert settings.events.keepalive_seconds == 0.2
+    assert settings.events.snapshot_seconds == 0.1
+    assert settings.daemon.log_level == "DEBUG"
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "problem"),
+    [
+        ("[events]\nretian = 5\n", "events.retian", "Extra inputs are not permitted"),
+        ("[bogus]\nx = 1\n", "bogus", "Extra inputs are not permitted"),
+        ('[events]\nretain = "lots"\n', "events.retain", "valid integer"),
+        ("[events]\nretain = 5\n", "events.retain", "greater than or equal to 100"),
+        ("[events]\nkeepalive_seconds = 60\n", "events.keepalive_seconds", "less than or equal"),
+        ("[events]\nsnapshot_seconds = 0\n", "events.snapshot_seconds", "greater than or equal"),
+        ('[daemon]\nlog_level = "LOUD"\n', "daemon.log_level", "pattern"),
+        ("events = 3\n", "events", "valid dictionary"),
+    ],
+)
+def test_invalid_config_names_the_key_and_the_problem(
+    tmp_path: Path, text: str, key: str, problem: str
+) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    err = info.value
+    assert f"'{key}'" in err.message
+    assert problem in err.message
+    assert str(path) in err.message
+    assert err.details["problems"][0]["key"] == key
+    assert err.code == "config_invalid"
+
+
+def test_every_problem_is_listed_not_just_the_first() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_settings({"events": {"retain": 1, "subscriber_queue": 1}, "daemon": {"x": 1}})
+    keys = {p["key"] for p in info.value.details["problems"]}
+    assert keys == {"events.retain", "events.subscriber_queue", "daemon.x"}
+
+
+def test_invalid_toml_is_reported_with_its_position(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text("[events\nretain = 100\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    assert "not valid TOML" in info.value.message
+    assert "line 1" in info.value.message
+
+
+def test_config_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_bytes(b"[events]\nretain = 100 # \xff\xfe\n")
+    with pytest.raises(ConfigError):
+        load_settings(path)
+
+
+def test_settings_are_immutable_once_built() -> None:
+    settings = Settings()
+    with pytest.raises(ValueError):
+        settings.events.retain = 5  # type: ignore[misc]

@@ -16,7 +16,10 @@ def build_parser() -> argparse.ArgumentParser:
         " <workspace>/.grid/gridd.sock and logs to stderr and .grid/gridd.log.",
     )
     parser.add_argument(
-        "--workspace", type=Path, default=None, help="a path inside the git repository (default: cwd)"
+        "--workspace",
+        type=Path,
+        default=None,
+        help="a path inside the git repository (default: cwd)",
     )
     parser.add_argument(
         "--foreground",

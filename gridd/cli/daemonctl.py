@@ -1,0 +1,262 @@
+"""Daemon lifecycle from the client side (``gridctl daemon ...``): probe, start, stop, wait.
+
+``gridctl`` never imports the daemon; it launches ``python -m gridd.cli.gridd_main`` as a
+detached child (own session, stdin from /dev/null, stdout and stderr appended to
+``.grid/gridd.out`` so a crash before logging is set up stays visible) and talks to it only
+over the socket. A process is identified by (pid, create_time), never by pid alone.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from gridd.cli.render import duration
+from gridd.client import GridClient
+from gridd.errors import DaemonUnreachable, GriddError
+from gridd.workspace import Workspace
+
+#: How long ``start`` waits for the new daemon to answer ``GET /health``.
+START_TIMEOUT = 5.0
+#: How long ``stop`` waits for the daemon process to exit and its socket to go quiet.
+STOP_TIMEOUT = 10.0
+POLL_INTERVAL = 0.05
+#: ``.grid/gridd.out`` is moved aside to ``gridd.out.1`` before a start once it is this big.
+OUT_MAX_BYTES = 1024 * 1024
+OUT_TAIL_LINES = 20
+
+
+@dataclass(frozen=True)
+class DaemonStatus:
+    """What the socket says about the daemon: pid, version and uptime."""
+
+    pid: int
+    version: str
+    uptime: float
+
+
+def out_path(ws: Workspace) -> Path:
+    """Where a detached daemon's own stdout and stderr go."""
+    return ws.grid_dir / "gridd.out"
+
+
+def probe(ws: Workspace, *, timeout: float = 2.0) -> DaemonStatus | None:
+    """The running daemon's status, or None when nothing answers on the socket."""
+    if not ws.socket_path.exists():
+        return None
+    try:
+        with GridClient(ws.socket_path, timeout=timeout) as client:
+            health = client.get("/health")
+            version = client.get("/version")
+    except DaemonUnreachable:
+        return None
+    return DaemonStatus(
+        pid=int(health["pid"]), version=str(version["version"]), uptime=float(health["uptime"])
+    )
+
+
+def _process(pid: int) -> psutil.Process | None:
+    """The live (non-zombie) process with this pid, if any."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+    except psutil.Error:
+        return None
+    return proc
+
+
+def _same_process_alive(pid: int, created: float | None) -> bool:
+    proc = _process(pid)
+    if proc is None:
+        return False
+    try:
+        return created is None or proc.create_time() == created
+    except psutil.Error:
+        return False
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _tail(path: Path, offset: int, lines: int = OUT_TAIL_LINES) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            text = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+
+
+def _rotate_out(path: Path) -> None:
+    try:
+        if path.stat().st_size > OUT_MAX_BYTES:
+            os.replace(path, path.with_name(path.name + ".1"))
+    except FileNotFoundError:
+        pass
+
+
+def _other_daemon_starting(ws: Workspace, child_pid: int) -> bool:
+    """Whether the lock file names a live process other than ``child_pid``.
+
+    The daemon writes its pid into ``gridd.lock`` once it holds the lock. We only read it:
+    taking the lock ourselves, even briefly, could make a starting daemon give up.
+    """
+    holder = _read_pid(ws.lock_path)
+    return holder is not None and holder != child_pid and _process(holder) is not None
+
+
+def start(ws: Workspace) -> tuple[DaemonStatus, bool]:
+    """Start gridd detached unless it already answers. Returns (status, started_by_us).
+
+    Raises GriddError (with the tail of ``gridd.out``) when the child exits early or
+    never answers within START_TIMEOUT.
+    """
+    current = probe(ws)
+    if current is not None:
+        return current, False
+    ws.check_socket_path()
+    ws.ensure_grid_dir()
+    out = out_path(ws)
+    _rotate_out(out)
+    offset = out.stat().st_size if out.exists() else 0
+    with out.open("ab") as sink:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "gridd.cli.gridd_main", "--workspace", str(ws.root)],
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            cwd=ws.root,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + START_TIMEOUT
+    exited: int | None = None
+    while time.monotonic() < deadline:
+        status = probe(ws, timeout=1.0)
+        if status is not None:
+            return status, status.pid == child.pid
+        if exited is None:
+            exited = child.poll()
+            if exited is not None and not _other_daemon_starting(ws, child.pid):
+                tail = _tail(out, offset)
+                raise GriddError(
+                    f"gridd exited during startup with status {exited}; see {out}"
+                    + (f":\n{tail}" if tail else ""),
+                    code="daemon_start_failed",
+                    details={"exitStatus": exited, "out": str(out)},
+                )
+        time.sleep(POLL_INTERVAL)
+    raise GriddError(
+        f"gridd (pid {child.pid}) did not answer on {ws.socket_path} within"
+        f" {START_TIMEOUT:g} s; it may still be starting: see {out} and {ws.log_path}",
+        code="daemon_start_timeout",
+        details={"pid": child.pid, "out": str(out), "log": str(ws.log_path)},
+    )
+
+
+def stop(ws: Workspace) -> DaemonStatus | None:
+    """Ask gridd to shut down and wait until it is gone. Returns what was stopped, or None.
+
+    Raises GriddError when it is still there after STOP_TIMEOUT, or when the pid file
+    names a live process that does not answer on the socket (we will not guess and kill).
+    """
+    status = probe(ws)
+    if status is None:
+        pid = _read_pid(ws.pid_path)
+        if pid is not None and _process(pid) is not None and _looks_like_gridd(pid):
+            raise GriddError(
+                f"{ws.pid_path} names a live gridd (pid {pid}) that does not answer on"
+                f" {ws.socket_path}; it may be starting or hung (kill {pid} by hand if so)",
+                code="daemon_not_answering",
+                details={"pid": pid},
+            )
+        return None
+    created = _create_time(status.pid)
+    try:
+        with GridClient(ws.socket_path, timeout=5.0) as client:
+            client.post("/shutdown")
+    except DaemonUnreachable:
+        pass  # it went away between the probe and the request: fine, we wait below
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while time.monotonic() < deadline:
+        if not _same_process_alive(status.pid, created) and probe(ws, timeout=1.0) is None:
+            return status
+        time.sleep(POLL_INTERVAL)
+    raise GriddError(
+        f"gridd (pid {status.pid}) did not stop within {STOP_TIMEOUT:g} s; see {ws.log_path}",
+        code="daemon_stop_timeout",
+        details={"pid": status.pid},
+    )
+
+
+def _create_time(pid: int) -> float | None:
+    proc = _process(pid)
+    try:
+        return proc.create_time() if proc is not None else None
+    except psutil.Error:
+        return None
+
+
+def _looks_like_gridd(pid: int) -> bool:
+    proc = _process(pid)
+    try:
+        return proc is not None and any("gridd" in part for part in proc.cmdline())
+    except psutil.Error:
+        return False
+
+
+# -- ``gridctl daemon ACTION`` ------------------------------------------------------------------
+
+#: The actions of ``gridctl daemon``, with their help text.
+ACTIONS = {
+    "start": "start gridd in the background if it is not running",
+    "stop": "ask gridd to shut down and wait until it has",
+    "restart": "stop gridd (if running), then start it",
+    "status": "say whether gridd is running (exit 3 if not), with its pid and version",
+}
+
+
+def _print_start(ws: Workspace) -> None:
+    status, ours = start(ws)
+    if ours:
+        print(f"gridd {status.version} started for {ws.root} (pid {status.pid})")
+        print(f"  log: {ws.log_path}  startup output: {out_path(ws)}")
+    else:
+        print(f"gridd is already running for {ws.root} (pid {status.pid}, {status.version})")
+
+
+def _print_stop(ws: Workspace) -> None:
+    stopped = stop(ws)
+    if stopped is None:
+        print(f"gridd is not running for {ws.root}")
+    else:
+        print(f"gridd stopped for {ws.root} (was pid {stopped.pid})")
+
+
+def run_action(ws: Workspace, action: str) -> int:
+    """Run one of ACTIONS, printing what happened. Exit status 3: ``status`` found nothing."""
+    if action in ("stop", "restart"):
+        _print_stop(ws)
+    if action in ("start", "restart"):
+        _print_start(ws)
+    if action == "status":
+        status = probe(ws)
+        if status is None:
+            print(f"gridd is not running for {ws.root}")
+            return 3
+        print(
+            f"gridd is running for {ws.root}: pid {status.pid}, version {status.version},"
+            f" up {duration(status.uptime)}, socket {ws.socket_path}"
+        )
+    return 0

@@ -177,7 +177,7 @@ class Observed:
     max_agents: int
     tasks: Sequence[Task]
     agents: Sequence[AgentView]
-    starting: frozenset[str] = frozenset()  # task ids whose spawn is in flight
+    starting: frozenset[str] = frozenset()  # task ids whose spawn (or finish) is in flight
     not_before: Mapping[str, float] = field(default_factory=dict)  # backoff per task
     profile_limits: Mapping[str, int] = field(default_factory=dict)  # concurrency per profile
     default_profile: str = "example"
@@ -255,12 +255,19 @@ def plan(obs: Observed) -> list[Action]:
     # 3. starts: working tasks without an agent (explicit starts, crash leftovers) first,
     #    then ready tasks while the session has room.
     busy = {a.task_id for a in obs.agents} | set(obs.starting)
-    per_profile: dict[str, int] = {}
-    for agent in obs.agents:
-        per_profile[agent.profile] = per_profile.get(agent.profile, 0) + 1
 
     def profile_of(task: Task) -> str:
         return task.agent or obs.default_profile
+
+    per_profile: dict[str, int] = {}
+    for agent in obs.agents:
+        per_profile[agent.profile] = per_profile.get(agent.profile, 0) + 1
+    # A spawn in flight already holds its profile's slot (its agent does not exist yet).
+    with_agent = {a.task_id for a in obs.agents}
+    for task_id in obs.starting:
+        if task_id not in with_agent and task_id in by_id:
+            profile = profile_of(by_id[task_id])
+            per_profile[profile] = per_profile.get(profile, 0) + 1
 
     def profile_has_room(profile: str) -> bool:
         limit = obs.profile_limits.get(profile)

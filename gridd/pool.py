@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -33,14 +34,20 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 0.02
 
 
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
 def render_command(command: list[str], values: Mapping[str, str]) -> list[str]:
-    """Substitute ``{prompt}``, ``{task_id}``, ``{worktree}`` as whole arguments (no shell)."""
-    out = []
-    for arg in command:
-        for key, value in values.items():
-            arg = arg.replace("{" + key + "}", value)
-        out.append(arg)
-    return out
+    """Substitute ``{prompt}``, ``{task_id}``, ``{worktree}`` inside arguments (no shell).
+
+    One pass: a value is never searched for placeholders itself, so a prompt that mentions
+    ``{worktree}`` reaches the agent as written. Unknown ``{names}`` are left alone.
+    """
+
+    def value_of(match: re.Match[str]) -> str:
+        return values.get(match.group(1), match.group(0))
+
+    return [_PLACEHOLDER.sub(value_of, arg) for arg in command]
 
 
 class AgentPool:
@@ -66,6 +73,9 @@ class AgentPool:
         self.handles: dict[str, AgentProcess] = {}
         self.started_mono: dict[str, float] = {}
         self.starting: set[str] = set()
+        #: Task ids whose agent has exited and is being finished (commit, new status): until
+        #: that is done the task must not get another agent.
+        self.finishing: set[str] = set()
         self.not_before: dict[str, float] = {}
         #: Called before the first agent of a task from an external source starts;
         #: False means someone else owns the task (e.g. a lost beads claim).
@@ -264,6 +274,15 @@ class AgentPool:
 
     async def _finish(self, agent_id: str, status: ExitStatus) -> None:
         agent = self.state.agents[agent_id]
+        self.finishing.add(agent.task_id)
+        try:
+            await self._finish_agent(agent, status)
+        finally:
+            self.finishing.discard(agent.task_id)
+            self.state.touch()  # the task may take an agent again
+
+    async def _finish_agent(self, agent: Agent, status: ExitStatus) -> None:
+        agent_id = agent.id
         self.handles.pop(agent_id, None)
         self.started_mono.pop(agent_id, None)
         self.state.update_agent(
@@ -363,7 +382,8 @@ class AgentPool:
         handle.signal(signal.SIGTERM)
         deadline = time.monotonic() + self.settings.scheduler.stop_grace_seconds
         while time.monotonic() < deadline:
-            if handle.exit_status() is not None or not handle.alive():
+            # Wait for the whole group: a child that outlives the agent is killed as well.
+            if not handle.group_alive():
                 return
             await asyncio.sleep(0.05)
         log.warning(

@@ -101,7 +101,7 @@ class Scheduler:
             max_agents=session.max_agents,
             tasks=list(self.state.tasks.values()),
             agents=agents,
-            starting=frozenset(self.pool.starting),
+            starting=frozenset(self.pool.starting | self.pool.finishing),
             not_before=self.pool.not_before,
             profile_limits={n: p.concurrency for n, p in profiles.items() if p.concurrency},
             default_profile=self.settings.scheduler.default_agent,
@@ -164,6 +164,10 @@ class Scheduler:
     # -- the session -------------------------------------------------------------------------------
 
     def start_session(self, feature_branch: str | None, max_agents: int) -> SessionState:
+        if self.ws.stop_file.exists():
+            # A STOP left from before is not a request to stop the session asked for now.
+            self.ws.stop_file.unlink(missing_ok=True)
+            self.bus.publish("session.stop_file_cleared", {"path": str(self.ws.stop_file)})
         session = SessionState(
             started=True, feature_branch=feature_branch, max_agents=max_agents, started_at=utcnow()
         )

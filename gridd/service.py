@@ -22,10 +22,12 @@ from gridd.model import (
     DaemonInfo,
     Health,
     RepoState,
+    TaskStatus,
     VersionInfo,
     WireModel,
     utcnow,
 )
+from gridd.notify import Notifier
 from gridd.pool import AgentPool
 from gridd.scheduler import Scheduler
 from gridd.settings import Settings
@@ -37,6 +39,8 @@ from gridd.workspace import Workspace
 from gridd.worktrees import Worktrees
 
 log = logging.getLogger(__name__)
+
+TERMINAL_OK = frozenset({TaskStatus.DONE, TaskStatus.CANCELLED})
 
 
 class Grid:
@@ -77,6 +81,14 @@ class Grid:
             background=self.background,
             default_agent=settings.beads.default_agent,
         )
+        self.notifier = Notifier(
+            settings.notifications,
+            bus=self.bus,
+            background=self.background,
+            workspace_root=workspace.root,
+            path=os.environ.get("PATH", os.defpath),
+            all_done=self._all_tasks_done,
+        )
         self.commands = Commands(
             settings=settings, state=self.state, pool=self.pool, scheduler=self.scheduler
         )
@@ -100,11 +112,17 @@ class Grid:
         if self.beads.enabled():
             self.pool.claimers[BEADS] = self.beads.claim
             self.beads.start()
+        self.notifier.start()
         self.background.spawn("event-log-pruner", self._prune_loop())
         self.background.spawn("scheduler", self.scheduler.run())
 
+    def _all_tasks_done(self) -> bool:
+        tasks = self.state.tasks.values()
+        return bool(tasks) and all(t.status in TERMINAL_OK for t in tasks)
+
     async def stop(self) -> None:
         """End live streams and background work; the caller closes the store afterwards."""
+        await self.notifier.stop()
         if not self.bus.closed:
             self.bus.publish("daemon.stopping", {"pid": os.getpid()})
             self.bus.close()

@@ -110,6 +110,41 @@ class BeadsSettings(_Section):
     default_agent: str | None = Field(default=None, description="Profile for beads tasks")
 
 
+class NotificationSettings(_Section):
+    """``[notifications]``: which events reach a human, and through which channels."""
+
+    events: list[str] = Field(
+        default_factory=lambda: [
+            "agent.question",
+            "task.failed",
+            "session.stopped",
+            "tasks.all_done",
+            "agent.stalled",
+        ],
+        description="Event types (or derived task.failed, tasks.all_done) that notify",
+    )
+    webhook_url: str | None = Field(
+        default=None, pattern=r"^https?://", description="POST each notification here as JSON"
+    )
+    webhook_headers: dict[str, str] = Field(
+        default_factory=dict, description="Extra HTTP headers for the webhook"
+    )
+    desktop: bool = Field(default=True, description="notify-send (Linux) or osascript (macOS)")
+    command: list[str] = Field(
+        default_factory=list, description="argv run per notification, JSON on stdin; [] = off"
+    )
+    coalesce_seconds: float = Field(
+        default=30.0, ge=0, description="Identical notifications within this window merge"
+    )
+    timeout_seconds: float = Field(
+        default=10.0, gt=0, le=300, description="Per attempt: webhook request, command, desktop"
+    )
+    attempts: int = Field(default=3, ge=1, le=10, description="Webhook tries before giving up")
+    queue_size: int = Field(
+        default=1000, ge=1, description="Pending notifications kept; the oldest are dropped"
+    )
+
+
 class Settings(_Section):
     """All of gridd's settings, grouped by the part of the daemon they steer."""
 
@@ -118,6 +153,7 @@ class Settings(_Section):
     scheduler: SchedulerSettings = SchedulerSettings()
     agents: dict[str, AgentProfile] = Field(default_factory=dict)
     beads: BeadsSettings = BeadsSettings()
+    notifications: NotificationSettings = NotificationSettings()
 
     def profiles(self) -> dict[str, AgentProfile]:
         """Built-in profiles overlaid with the configured ones."""

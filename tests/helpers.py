@@ -433,3 +433,35 @@ def wait_for_events(
         message=f"{count} event(s) of {sorted(types)}",
     )
     return events
+
+
+def wait_task_status(
+    client: GridClient, task_id: str, wanted: str, *, timeout: float = 30.0
+) -> dict[str, object]:
+    """The task (as ``GET /tasks/{id}`` shows it) once its status is ``wanted``."""
+
+    def check() -> dict[str, object] | None:
+        task: dict[str, object] = client.get(f"/tasks/{task_id}")
+        return task if task["status"] == wanted else None
+
+    found: dict[str, object] = wait_for(
+        check, timeout=timeout, message=f"task {task_id} to be {wanted}"
+    )
+    return found
+
+
+def read_json_file(path: Path) -> dict[str, object] | None:
+    """A JSON object written (atomically) by an agent, or None while it is not there yet."""
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_text_file(path: Path) -> str | None:
+    """A file's text, or None while it is missing or empty."""
+    try:
+        return path.read_text() or None
+    except FileNotFoundError:
+        return None

@@ -134,6 +134,20 @@ class AgentProcess:
         except psutil.Error:
             return False
 
+    def group_alive(self) -> bool:
+        """True while any process of the agent's process group remains: the agent itself, or
+        children it left behind. The group id is the agent's pid, and Linux does not give that
+        number to a new process while the group still has members."""
+        if self.pid is None or self.create_time is None:
+            return False
+        if self.alive():
+            return True
+        try:
+            os.killpg(self.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
     async def reap_shim(self) -> None:
         if self._shim is not None:
             await self._shim.wait()
@@ -141,8 +155,8 @@ class AgentProcess:
     # -- control --------------------------------------------------------------------------------
 
     def signal(self, sig: int) -> bool:
-        """Signal the agent's whole process group; False when it is already gone."""
-        if not self.alive():
+        """Signal the agent's whole process group; False when all of it is already gone."""
+        if not self.group_alive():
             return False
         assert self.pid is not None
         try:

@@ -31,6 +31,22 @@ def _write_json(path: str, data: dict[str, object]) -> None:
     os.replace(tmp, path)
 
 
+def _reap_group(pgid: int) -> None:
+    """End what the agent left running in its process group (TERM, then KILL)."""
+    for sig, pause in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + pause
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.02)
+
+
 def main(run_dir: str) -> int:
     with open(os.path.join(run_dir, "spec.json")) as fh:
         spec = json.load(fh)
@@ -78,6 +94,7 @@ def main(run_dir: str) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
     code = proc.wait()
+    _reap_group(proc.pid)
     _write_json(
         os.path.join(run_dir, "exit.json"),
         {

@@ -14,9 +14,10 @@ from typing import Any
 
 from gridd.errors import Conflict, NotFound, ValidationFailed
 from gridd.ids import new_task_id, task_id_problem
-from gridd.model import Agent, AgentStatus, SessionState, Task, TaskStatus, utcnow
+from gridd.model import Agent, AgentStatus, Question, SessionState, Task, TaskStatus, utcnow
 from gridd.plan import graph_problems, readiness, undone_dependencies, waves
 from gridd.pool import AgentPool
+from gridd.questions import QuestionBook
 from gridd.requests import SessionStart, TaskPatch, TaskSpec
 from gridd.scheduler import Scheduler
 from gridd.settings import Settings
@@ -31,12 +32,19 @@ _STARTABLE = frozenset(
 
 class Commands:
     def __init__(
-        self, *, settings: Settings, state: GridState, pool: AgentPool, scheduler: Scheduler
+        self,
+        *,
+        settings: Settings,
+        state: GridState,
+        pool: AgentPool,
+        scheduler: Scheduler,
+        questions: QuestionBook,
     ) -> None:
         self.settings = settings
         self.state = state
         self.pool = pool
         self.scheduler = scheduler
+        self.questions = questions
 
     # -- lookups ---------------------------------------------------------------------------------
 
@@ -83,6 +91,7 @@ class Commands:
                     labels=spec.labels,
                     agent=spec.agent,
                     max_attempts=spec.max_attempts or self.settings.scheduler.max_attempts,
+                    max_sessions=spec.max_sessions or self.settings.scheduler.max_sessions,
                     timeout_seconds=spec.timeout_seconds,
                     created_at=now,
                     updated_at=now,
@@ -164,7 +173,7 @@ class Commands:
             )
         changes: dict[str, Any] = {"status": TaskStatus.WORKING, "error": None}
         if task.status in (TaskStatus.FAILED, TaskStatus.BLOCKED):
-            changes["attempts"] = 0
+            changes.update(attempts=0, sessions=0, summary=None)
         self.pool.not_before.pop(task_id, None)
         updated = self.state.update_task(task_id, **changes)
         self.state.flush()
@@ -203,6 +212,10 @@ class Commands:
     def start_session(self, req: SessionStart) -> SessionState:
         current = self.state.session
         max_agents = req.max_agents or self.settings.scheduler.max_agents
+        if "budget_usd" in req.model_fields_set:
+            budget = req.budget_usd  # an explicit null means: no cap (warned about below)
+        else:
+            budget = self.settings.scheduler.budget_usd
         if current.started:
             if req.feature_branch != current.feature_branch and self.state.live_agents():
                 raise Conflict(
@@ -210,12 +223,16 @@ class Commands:
                     code="session_running",
                 )
             if req.feature_branch == current.feature_branch:
-                session = current.model_copy(update={"max_agents": max_agents})
+                session = current.model_copy(
+                    update={"max_agents": max_agents, "budget_usd": budget}
+                )
                 self.state.set_session(session)
                 return session
-        return self.scheduler.start_session(req.feature_branch, max_agents)
+        return self.scheduler.start_session(req.feature_branch, max_agents, budget)
 
     def stop_session(self, *, force: bool) -> SessionState:
+        if not self.state.session.started and not self.state.live_agents():
+            return self.state.session  # nothing to stop; stopping twice is not an error
         return self.scheduler.stop_session("user", force=force)
 
     # -- agents ----------------------------------------------------------------------------------------
@@ -232,12 +249,26 @@ class Commands:
         self.state.flush()
         return self.state.agents[agent_id]
 
-    def respond(self, agent_id: str, text: str) -> None:
+    def respond(self, agent_id: str, text: str) -> Question | None:
+        """covend's respond: answers the agent's oldest open question, or, when it has
+        none, sends the text to its stdin as one line."""
         agent = self.agent(agent_id)
         if agent.status == AgentStatus.EXITED or agent_id not in self.pool.handles:
             raise Conflict(f"agent {agent_id!r} is not running", code="agent_not_running")
+        pending = self.questions.pending_for(agent_id)
+        if pending:
+            return self.answer(pending[0].id, text)
         self.pool.write_stdin(agent_id, text)
         self.state.bus.publish("agent.responded", {"agentId": agent_id, "taskId": agent.task_id})
+        return None
+
+    def answer(self, question_id: str, text: str) -> Question:
+        answered = self.questions.answer(question_id, text, deliver=self.pool.deliver_answer)
+        self.state.flush()
+        return answered
+
+    def question(self, question_id: str) -> Question:
+        return self.questions.get(question_id)
 
     def output(self, agent_id: str, since: int, limit: int) -> dict[str, Any]:
         agent = self.agent(agent_id)

@@ -40,6 +40,7 @@ class TaskStatus(StrEnum):
     FAILED = "failed"
     BLOCKED = "blocked"  # needs a human
     CANCELLED = "cancelled"
+    RATE_LIMITED = "rate_limited"  # parked until the provider's usage limit resets
 
 
 #: Statuses a task never leaves on its own.
@@ -65,6 +66,12 @@ class Task(WireModel):
     changed_files: list[str] = Field(default_factory=list)
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
+    max_sessions: int = Field(5, ge=1)
+    sessions: int = 0  # agent sessions run so far in the current continuation chain
+    summary: str | None = None  # carried into the next session's prompt
+    cost_usd: float = 0.0
+    resume_at: datetime | None = None  # rate_limited until then
+    waiting_since: datetime | None = None  # its agent waits for a human
 
 
 class AgentStatus(StrEnum):
@@ -72,6 +79,7 @@ class AgentStatus(StrEnum):
     RUNNING = "running"
     STOPPING = "stopping"
     EXITED = "exited"
+    WAITING = "waiting"  # running, but blocked on a question to a human
 
 
 class Agent(WireModel):
@@ -91,6 +99,25 @@ class Agent(WireModel):
     create_time: float | None = None  # with pid, the process identity (pids are reused)
     stop_reason: str | None = None
     error: str | None = None
+    shim_pid: int | None = None
+    shim_create_time: float | None = None
+    adapter: str = "heartbeat"
+    session_number: int = 1
+    session_id: str | None = None  # the agent CLI's own session (claude --resume)
+    activity: str | None = None
+    message: str | None = None
+    last_heartbeat: datetime | None = None
+    stalled: bool = False
+    cost_usd: float | None = None
+    result: str | None = None
+    heartbeat_offset: int = 0
+    waiting_since: datetime | None = None
+
+
+class QuestionStatus(StrEnum):
+    PENDING = "pending"
+    ANSWERED = "answered"
+    CLOSED = "closed"  # the agent exited (or was stopped) before an answer
 
 
 class Question(WireModel):
@@ -101,6 +128,12 @@ class Question(WireModel):
     question: str
     options: list[str] = Field(default_factory=list)
     asked_at: datetime = Field(default_factory=utcnow)
+    status: QuestionStatus = QuestionStatus.PENDING
+    answer: str | None = None
+    answered_at: datetime | None = None
+    closed_reason: str | None = None
+    key: str = ""  # the adapter's id for it within the run
+    meta: dict[str, Any] = Field(default_factory=dict)  # protocol details for the answer
 
 
 class SessionState(WireModel):
@@ -108,6 +141,10 @@ class SessionState(WireModel):
     feature_branch: str | None = None
     max_agents: int = 3
     started_at: datetime | None = None
+    budget_usd: float | None = None  # None only when explicitly unlimited
+    spent_usd: float = 0.0  # finished runs of this session
+    stop_reason: str | None = None  # user | budget_exhausted | no_work | stop_file | error
+    stopped_at: datetime | None = None
 
 
 class Stats(WireModel):
@@ -119,6 +156,9 @@ class Stats(WireModel):
     failed: int = 0
     blocked: int = 0
     cancelled: int = 0
+    rate_limited: int = 0
+    waiting: int = 0
+    spent_usd: float = 0.0
 
 
 class DaemonInfo(WireModel):

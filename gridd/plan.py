@@ -183,6 +183,11 @@ class Observed:
     default_profile: str = "example"
     stop_file: bool = False
     timeouts: Mapping[str, float] = field(default_factory=dict)  # task id -> seconds
+    wall_now: float = 0.0  # epoch seconds, only for provider reset times (rate limits)
+    auto_resume: bool = True
+    budget_left: float | None = None  # USD the session may still spend; None: no cap
+    estimates: Mapping[str, float] = field(default_factory=dict)  # USD per session, by profile
+    stop_when_idle: bool = False  # stop the session (no_work) once every task has settled
 
 
 @dataclass(frozen=True)
@@ -252,6 +257,17 @@ def plan(obs: Observed) -> list[Action]:
             changes.append(SetStatus(task.id, wanted, reason))
             statuses[task.id] = wanted
 
+    # 2b. a rate-limited task resumes once its provider's limit has reset
+    if obs.auto_resume:
+        for task in obs.tasks:
+            if (
+                task.status == TaskStatus.RATE_LIMITED
+                and task.resume_at is not None
+                and task.resume_at.timestamp() <= obs.wall_now
+            ):
+                changes.append(SetStatus(task.id, TaskStatus.READY, "rate limit reset"))
+                statuses[task.id] = TaskStatus.READY
+
     # 3. starts: working tasks without an agent (explicit starts, crash leftovers) first,
     #    then ready tasks while the session has room.
     busy = {a.task_id for a in obs.agents} | set(obs.starting)
@@ -284,8 +300,10 @@ def plan(obs: Observed) -> list[Action]:
             busy.add(task.id)
             per_profile[profile] = per_profile.get(profile, 0) + 1
 
+    budget_blocked = False
     if obs.session_started and not obs.stop_file:
         running = len(busy)
+        left = obs.budget_left
         for task in sorted(obs.tasks, key=_start_order):
             if running >= obs.max_agents:
                 break
@@ -294,11 +312,33 @@ def plan(obs: Observed) -> list[Action]:
             profile = profile_of(task)
             if not profile_has_room(profile):
                 continue
+            if left is not None:
+                estimate = obs.estimates.get(profile, 0.0)
+                if estimate > left + 1e-9:
+                    budget_blocked = True  # start nothing more; running agents finish
+                    break
+                left -= estimate
             starts.append(StartTask(task.id, profile))
             busy.add(task.id)
             per_profile[profile] = per_profile.get(profile, 0) + 1
             running += 1
+        idle = not busy and not starts
+        if idle and budget_blocked:
+            stops.append(StopSession("budget_exhausted"))
+        elif (
+            idle
+            and obs.stop_when_idle
+            and obs.tasks
+            and not any(statuses[t.id] in _ACTIVE for t in obs.tasks)
+        ):
+            stops.append(StopSession("no_work"))
     return [*stops, *changes, *starts]
+
+
+#: While any task is in one of these, a session still has (or will have) work.
+_ACTIVE = frozenset(
+    {TaskStatus.PENDING, TaskStatus.READY, TaskStatus.WORKING, TaskStatus.RATE_LIMITED}
+)
 
 
 def ready_ids(tasks: Iterable[Task]) -> list[str]:

@@ -1,29 +1,33 @@
-"""The agent pool: start an agent for a task, watch it, stop it, and finish it.
+"""The agent pool: start an agent for a task, watch it, and stop it.
 
-Starting means: the task's worktree (created or reused), a run directory, and a shim that
-runs the agent there. Watching means: index its output into ``agent.output`` events and
-notice its exit. Finishing means: commit what it left, compute ``changedFiles``, and move
-the task to ``review`` (exit 0) or back to ``ready``/``failed`` (anything else). Work is
-never thrown away: a failed or stopped agent's worktree stays for the next attempt.
+Starting means: the task's worktree (created or reused), a run directory, and a detached
+shim that runs the agent there (see ``agents/shim.py``). Watching means: index its output
+into ``agent.output`` events, read its heartbeats, let its adapter turn both into activity,
+questions, cost and results, and judge its health (launch failure, stall). Finishing is
+``finish.py``'s job. An agent's identity is (pid, create time), for it and for its shim.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
+from gridd.adapters import base
+from gridd.adapters.registry import get_adapter
 from gridd.agents.output import OutputLog
 from gridd.agents.process import AgentProcess, ExitStatus
+from gridd.agents.watch import Poll, RunWatch
 from gridd.background import Background
-from gridd.errors import GriddError
+from gridd.errors import Conflict, GriddError
 from gridd.events import EventBus
-from gridd.model import Agent, AgentStatus, Task, TaskStatus, utcnow
+from gridd.health import LAUNCH_HINT, Limits, Verdict, assess
+from gridd.model import Agent, AgentStatus, Question, Task, TaskStatus, utcnow
+from gridd.questions import QuestionBook
 from gridd.settings import AgentProfile, Settings
 from gridd.state import GridState
 from gridd.workspace import Workspace
@@ -32,8 +36,6 @@ from gridd.worktrees import Worktrees
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.02
-
-
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 
@@ -50,6 +52,16 @@ def render_command(command: list[str], values: Mapping[str, str]) -> list[str]:
     return [_PLACEHOLDER.sub(value_of, arg) for arg in command]
 
 
+def continuation_prompt(task: Task, session: int) -> str:
+    base_prompt = task.prompt or task.title
+    summary = (task.summary or "").strip() or "(the previous session left no summary)"
+    return (
+        f"{base_prompt}\n\n---\nThis is session {session} of {task.max_sessions} on this task."
+        " The previous session ended by asking to continue. Its summary:\n"
+        f"{summary}\n\nThe worktree and branch still hold its work; carry on from there."
+    )
+
+
 class AgentPool:
     def __init__(
         self,
@@ -60,6 +72,7 @@ class AgentPool:
         bus: EventBus,
         worktrees: Worktrees,
         background: Background,
+        questions: QuestionBook,
         environ: Mapping[str, str],
     ) -> None:
         self.ws = workspace
@@ -69,8 +82,10 @@ class AgentPool:
         self.bus = bus
         self.worktrees = worktrees
         self.background = background
+        self.questions = questions
         self.environ = dict(environ)
         self.handles: dict[str, AgentProcess] = {}
+        self.runs: dict[str, RunWatch] = {}
         self.started_mono: dict[str, float] = {}
         self.starting: set[str] = set()
         #: Task ids whose agent has exited and is being finished (commit, new status): until
@@ -80,6 +95,8 @@ class AgentPool:
         #: Called before the first agent of a task from an external source starts;
         #: False means someone else owns the task (e.g. a lost beads claim).
         self.claimers: dict[str, Callable[[Task], Awaitable[bool]]] = {}
+        #: Set by the composition root: finishes an agent run (``finish.Finisher.finish``).
+        self.on_exit: Callable[[str, ExitStatus, RunWatch], Awaitable[None]] | None = None
 
     # -- starting ----------------------------------------------------------------------------
 
@@ -113,24 +130,28 @@ class AgentPool:
                 task_id, status=TaskStatus.CANCELLED, error="claimed by someone else"
             )
             return
+        adapter = get_adapter(profile.adapter, options=profile.adapter_options)
         session = self.state.session
-        base = session.feature_branch if session.started else None
-        worktree = await self.worktrees.create(task_id, base)
+        base_branch = session.feature_branch if session.started else None
+        worktree = await self.worktrees.create(task_id, base_branch)
         task = self.state.tasks.get(task_id)
         if task is None or task.status != TaskStatus.WORKING:
             return  # stopped or cancelled while the worktree was being made
-        number = self.state.store.next_counter("agent")
-        agent_id = f"{profile_name}-{number}"
+        continuing = task.sessions > 0
+        attempt = task.attempts if continuing else task.attempts + 1
+        session_number = task.sessions + 1
+        prompt = (
+            continuation_prompt(task, session_number) if continuing else (task.prompt or task.title)
+        )
+        agent_id = f"{profile_name}-{self.state.store.next_counter('agent')}"
         run_dir = self.ws.runs_dir / agent_id
-        attempt = task.attempts + 1
         argv = render_command(
             profile.command,
-            {
-                "prompt": task.prompt or task.title,
-                "task_id": task.id,
-                "worktree": str(worktree.path),
-            },
+            {"prompt": prompt, "task_id": task.id, "worktree": str(worktree.path)},
         )
+        previous_session = self._previous_session_id(task.id) if continuing else None
+        if previous_session and profile.adapter == "claude":
+            argv += ["--resume", previous_session]
         env = {
             **self.environ,
             **profile.env,
@@ -140,10 +161,15 @@ class AgentPool:
             "GRID_SOCKET": str(self.ws.socket_path),
             "GRID_HEARTBEAT": str(run_dir / "heartbeat.ndjson"),
             "GRID_ATTEMPT": str(attempt),
+            "GRID_SESSION": str(session_number),
         }
+        failure = self._previous_failure_file(task.id)
+        if failure is not None:
+            env["GRID_PREVIOUS_FAILURE"] = str(failure)
         self.state.update_task(
             task_id,
             attempts=attempt,
+            sessions=session_number,
             branch=worktree.branch,
             worktree=str(worktree.path),
             error=None,
@@ -155,6 +181,8 @@ class AgentPool:
             worktree_path=str(worktree.path),
             attempt=attempt,
             run_dir=str(run_dir),
+            adapter=profile.adapter,
+            session_number=session_number,
         )
         self.state.put_agent(agent)
         try:
@@ -166,10 +194,19 @@ class AgentPool:
                 agent_id, status=AgentStatus.EXITED, ended_at=utcnow(), error=exc.message
             )
             raise
+        opening = adapter.initial_input(prompt)
+        if opening and profile.stdin == "pipe" and handle.exit_status() is None:
+            handle.write_stdin(opening)
         self.handles[agent_id] = handle
+        self.runs[agent_id] = RunWatch(run_dir, adapter)
         self.started_mono[agent_id] = time.monotonic()
         self.state.update_agent(
-            agent_id, pid=handle.pid, create_time=handle.create_time, status=AgentStatus.RUNNING
+            agent_id,
+            pid=handle.pid,
+            create_time=handle.create_time,
+            shim_pid=handle.shim_pid,
+            shim_create_time=handle.shim_create_time,
+            status=AgentStatus.RUNNING,
         )
         self.bus.publish(
             "agent.spawned",
@@ -180,10 +217,11 @@ class AgentPool:
                 "pid": handle.pid,
                 "profile": profile_name,
                 "attempt": attempt,
+                "session": session_number,
             },
         )
         self.state.touch()
-        self.background.spawn(f"agent:{agent_id}", self._watch(agent_id, handle))
+        self.background.spawn(f"agent:{agent_id}", self._watch(agent_id))
 
     def _start_failed(self, task_id: str, message: str) -> None:
         task = self.state.tasks.get(task_id)
@@ -204,12 +242,45 @@ class AgentPool:
                 task_id, status=TaskStatus.READY, attempts=attempts, error=message
             )
 
-    # -- watching ------------------------------------------------------------------------------
+    def _task_agents(self, task_id: str) -> list[Agent]:
+        agents = [a for a in self.state.agents.values() if a.task_id == task_id]
+        return sorted(agents, key=lambda a: a.started_at)
+
+    def _previous_session_id(self, task_id: str) -> str | None:
+        for agent in reversed(self._task_agents(task_id)):
+            if agent.session_id:
+                return agent.session_id
+        return None
+
+    def _previous_failure_file(self, task_id: str) -> Path | None:
+        for agent in reversed(self._task_agents(task_id)):
+            path = Path(agent.run_dir) / "failure.md"
+            if path.exists():
+                return path
+        return None
+
+    # -- reattaching after a restart -------------------------------------------------------------
 
     def reattach(self, agent: Agent) -> None:
         """Resume watching an agent started by an earlier daemon (its shim outlived us)."""
-        handle = AgentProcess(Path(agent.run_dir), agent.pid, agent.create_time)
+        handle = AgentProcess(
+            Path(agent.run_dir),
+            agent.pid,
+            agent.create_time,
+            shim_pid=agent.shim_pid,
+            shim_create_time=agent.shim_create_time,
+        )
+        profile = self.profiles.get(agent.profile)
+        try:
+            adapter = get_adapter(agent.adapter, options=profile.adapter_options if profile else {})
+        except GriddError:
+            adapter = get_adapter("heartbeat")
+        run = RunWatch(Path(agent.run_dir), adapter, heartbeat_offset=agent.heartbeat_offset)
+        run.last_life = time.monotonic()  # we cannot know; don't call it a launch failure
         self.handles[agent.id] = handle
+        self.runs[agent.id] = run
+        elapsed = (utcnow() - agent.started_at).total_seconds()
+        self.started_mono[agent.id] = time.monotonic() - max(0.0, elapsed)
         self.bus.publish(
             "agent.reattached",
             {
@@ -217,148 +288,144 @@ class AgentPool:
                 "taskId": agent.task_id,
                 "pid": agent.pid,
                 "alive": handle.alive(),
+                "exited": handle.exit_status() is not None,
             },
         )
-        self.background.spawn(f"agent:{agent.id}", self._watch(agent.id, handle))
+        self.background.spawn(f"agent:{agent.id}", self._watch(agent.id))
 
-    def _lost(self, handle: AgentProcess, since: list[float]) -> bool:
-        """True once the agent is gone and no exit record appeared within a grace period."""
-        shim_done = handle._shim is not None and handle._shim.returncode is not None
-        if handle._shim is not None and not shim_done:
-            return False
-        if handle._shim is None and handle.alive():
-            return False
-        if not since:
-            since.append(time.monotonic())
-        return shim_done or time.monotonic() - since[0] > 2.0
+    # -- watching ------------------------------------------------------------------------------
 
-    async def _watch(self, agent_id: str, handle: AgentProcess) -> None:
-        output = OutputLog(handle.run_dir)
-        gone_since: list[float] = []
+    async def _watch(self, agent_id: str) -> None:
+        handle, run = self.handles[agent_id], self.runs[agent_id]
         while True:
             status = handle.exit_status()
-            busy = self._drain(agent_id, output, final=status is not None)
-            if status is None and self._lost(handle, gone_since):
+            polled = run.poll(final=status is not None)
+            self._apply(agent_id, run, polled)
+            if status is None and not handle.shim_alive():
+                # The shim writes exit.json just before it exits: look once more.
                 status = handle.exit_status() or ExitStatus(
-                    None, None, "the agent's supervisor died; exit status unknown"
+                    None, None, "the agent's supervisor died; its exit status is unknown"
                 )
             if status is not None:
-                while self._drain(agent_id, output, final=True):
-                    pass
-                await handle.reap_shim()
-                await self._finish(agent_id, status)
+                while True:
+                    rest = run.poll(final=True)
+                    if not rest.chunks and not rest.beats:
+                        break
+                    self._apply(agent_id, run, rest)
+                if self.on_exit is not None:
+                    await self.on_exit(agent_id, status, run)
                 return
-            await asyncio.sleep(0 if busy else POLL_SECONDS)
+            self._check_health(agent_id, run)
+            await asyncio.sleep(0 if polled.chunks else POLL_SECONDS)
 
-    def _drain(self, agent_id: str, output: OutputLog, *, final: bool) -> bool:
-        chunks = output.poll(final=final)
-        if not chunks:
-            return False
-        for chunk in chunks:
+    def _apply(self, agent_id: str, run: RunWatch, polled: Poll) -> None:
+        agent = self.state.agents[agent_id]
+        for chunk in polled.chunks:
             self.bus.publish(
                 "agent.output", {"agentId": agent_id, "chunk": chunk.text, "seq": chunk.seq}
             )
-        last_line = next(
-            (line for line in reversed(chunks[-1].text.splitlines()) if line.strip()), ""
-        )
-        agent = self.state.agents[agent_id]
-        self.state.update_agent(
-            agent_id,
-            persist=False,
-            output_seq=output.seq,
-            last_output=last_line[-300:] or agent.last_output,
-        )
-        return True
+        changes: dict[str, object] = {}
+        if polled.chunks:
+            last = next(
+                (ln for ln in reversed(polled.chunks[-1].text.splitlines()) if ln.strip()), ""
+            )
+            changes.update(output_seq=run.output.seq, last_output=last[-300:] or agent.last_output)
+        if polled.beats:
+            beat = polled.beats[-1]
+            changes.update(
+                last_heartbeat=utcnow(),
+                heartbeat_offset=run.heartbeats.offset,
+                activity=beat.label or beat.status,
+                message=beat.message,
+            )
+        for warning in polled.warnings:
+            self.bus.publish("agent.warning", {"agentId": agent_id, "warning": warning})
+        for sig in polled.signals:
+            self._signal(agent, run, sig, changes)
+        if polled.life and agent.stalled:
+            changes["stalled"] = False
+            self.bus.publish("agent.recovered", {"agentId": agent_id, "taskId": agent.task_id})
+        if changes:
+            # Heartbeats, costs and session ids are persisted; output position is derivable.
+            persist = bool(polled.beats) or any(
+                k in changes for k in ("cost_usd", "session_id", "result", "stalled")
+            )
+            self.state.update_agent(agent_id, persist=persist, **changes)
 
-    # -- finishing -----------------------------------------------------------------------------
-
-    async def _finish(self, agent_id: str, status: ExitStatus) -> None:
-        agent = self.state.agents[agent_id]
-        self.finishing.add(agent.task_id)
-        try:
-            await self._finish_agent(agent, status)
-        finally:
-            self.finishing.discard(agent.task_id)
-            self.state.touch()  # the task may take an agent again
-
-    async def _finish_agent(self, agent: Agent, status: ExitStatus) -> None:
-        agent_id = agent.id
-        self.handles.pop(agent_id, None)
-        self.started_mono.pop(agent_id, None)
-        self.state.update_agent(
-            agent_id,
-            status=AgentStatus.EXITED,
-            ended_at=utcnow(),
-            exit_code=status.code,
-            error=status.error,
-        )
-        task = self.state.tasks.get(agent.task_id)
-        try:
-            if task is None or task.status != TaskStatus.WORKING:
-                await self._finish_stopped(agent, status)
-            elif status.code == 0 and agent.stop_reason is None:
-                await self._finish_success(agent)
+    def _signal(
+        self, agent: Agent, run: RunWatch, sig: base.Signal, changes: dict[str, object]
+    ) -> None:
+        if isinstance(sig, base.Activity):
+            changes.update(activity=sig.label, message=sig.message)
+        elif isinstance(sig, base.Ask):
+            auto = run.adapter.auto_answer(sig)
+            if auto is not None:
+                self.handles[agent.id].write_stdin(auto)
+                self.bus.publish(
+                    "agent.auto_answered",
+                    {"agentId": agent.id, "question": sig.question, "answer": auto.strip()},
+                )
             else:
-                self._finish_failure(agent, status)
-        except GriddError as exc:
-            log.error("finishing agent %s failed: %s", agent_id, exc.message)
-            self._finish_failure(agent, ExitStatus(status.exit_code, status.signal, exc.message))
-        finally:
-            self.state.flush()
+                self.questions.ask(self.state.agents[agent.id], sig)
+        elif isinstance(sig, base.Cost):
+            changes["cost_usd"] = sig.usd
+        elif isinstance(sig, base.SessionId):
+            changes["session_id"] = sig.value
+        elif isinstance(sig, base.Result):
+            changes["result"] = sig.text[-2000:]
+        elif isinstance(sig, base.RateLimited):
+            self.bus.publish(
+                "agent.rate_limited",
+                {
+                    "agentId": agent.id,
+                    "taskId": agent.task_id,
+                    "message": sig.message,
+                    "resetsAt": sig.resets_at,
+                },
+            )
+        elif isinstance(sig, base.Malformed):
+            self.bus.publish("agent.warning", {"agentId": agent.id, "warning": sig.message})
 
-    async def _finish_stopped(self, agent: Agent, status: ExitStatus) -> None:
-        # Stopped on purpose (task stopped, cancelled, session stopped): keep its work.
-        committed = await self.worktrees.commit_all(
-            Path(agent.worktree_path), f"gridd: {agent.task_id}: work in progress (agent stopped)"
-        )
-        self.bus.publish(
-            "agent.stopped",
-            {
-                "agentId": agent.id,
-                "taskId": agent.task_id,
-                "reason": agent.stop_reason or "stopped",
-                "exitCode": status.code,
-                "committedWork": committed,
-            },
-        )
-
-    async def _finish_success(self, agent: Agent) -> None:
-        task = self.state.tasks[agent.task_id]
-        path = Path(agent.worktree_path)
-        await self.worktrees.commit_all(path, f"gridd: {task.id}: {task.title}")
-        base = await self.worktrees.base_of(task.branch or "")
-        changed = await self.worktrees.changed_files(path, base)
-        self.state.update_task(task.id, status=TaskStatus.REVIEW, changed_files=changed, error=None)
-        self.bus.publish(
-            "agent.completed",
-            {
-                "agentId": agent.id,
-                "taskId": task.id,
-                "result": "success",
-                "changedFiles": changed,
-                "branch": task.branch,
-            },
+    def _limits(self, agent: Agent) -> Limits:
+        sched = self.settings.scheduler
+        profile = self.profiles.get(agent.profile)
+        return Limits(
+            launch_grace=(profile and profile.launch_grace_seconds) or sched.launch_grace_seconds,
+            stall=(profile and profile.stall_seconds) or sched.stall_seconds,
+            stall_kill=sched.stall_kill_seconds,
         )
 
-    def _finish_failure(self, agent: Agent, status: ExitStatus) -> None:
-        task = self.state.tasks[agent.task_id]
-        if agent.stop_reason:
-            error = agent.stop_reason
-        elif status.error:
-            error = status.error
-        elif status.signal:
-            error = f"killed by signal {signal.Signals(status.signal).name}"
-        else:
-            error = f"exited with code {status.code}"
-        self.bus.publish(
-            "agent.failed",
-            {"agentId": agent.id, "taskId": task.id, "error": error, "exitCode": status.code},
+    def _check_health(self, agent_id: str, run: RunWatch) -> None:
+        agent = self.state.agents[agent_id]
+        if agent.status not in (AgentStatus.RUNNING, AgentStatus.STARTING):
+            return  # stopping, or waiting for a human: silence is expected
+        started = self.started_mono.get(agent_id, time.monotonic())
+        limits = self._limits(agent)
+        verdict = assess(
+            now=time.monotonic(), started=started, last_life=run.last_life, limits=limits
         )
-        if task.attempts >= task.max_attempts:
-            self.state.update_task(task.id, status=TaskStatus.FAILED, error=error)
-        else:
-            self.not_before[task.id] = time.monotonic() + self.backoff(task.attempts)
-            self.state.update_task(task.id, status=TaskStatus.READY, error=error)
+        if verdict is Verdict.LAUNCH_FAILED and not run.launch_failed:
+            run.launch_failed = True
+            reason = f"no output and no heartbeat within {limits.launch_grace:g}s"
+            self.bus.publish(
+                "agent.launch_failed",
+                {
+                    "agentId": agent_id,
+                    "taskId": agent.task_id,
+                    "reason": reason,
+                    "hint": LAUNCH_HINT,
+                },
+            )
+            self.request_stop(agent_id, reason, force=True)
+        elif verdict is Verdict.STALLED and not agent.stalled:
+            self.state.update_agent(agent_id, stalled=True)
+            silent = time.monotonic() - (run.last_life or started)
+            self.bus.publish(
+                "agent.stalled",
+                {"agentId": agent_id, "taskId": agent.task_id, "silentSeconds": round(silent, 1)},
+            )
+        elif verdict is Verdict.STALL_KILL:
+            self.request_stop(agent_id, f"stalled: silent for over {limits.stall_kill:g}s")
 
     # -- stopping --------------------------------------------------------------------------------
 
@@ -393,16 +460,30 @@ class AgentPool:
         )
         handle.signal(signal.SIGKILL)
 
+    # -- talking to agents -------------------------------------------------------------------------
+
     def write_stdin(self, agent_id: str, text: str) -> None:
-        handle = self.handles[agent_id]
+        handle = self.handles.get(agent_id)
+        if handle is None:
+            raise Conflict(f"agent {agent_id!r} is not running", code="agent_not_running")
         handle.write_stdin(text)
+
+    def deliver_answer(self, question: Question, response: str) -> None:
+        """Encode an answer the way this agent's protocol expects, and write it."""
+        run = self.runs.get(question.agent_id)
+        if run is None or question.agent_id not in self.handles:
+            raise Conflict(
+                f"agent {question.agent_id} is no longer running; the question cannot be answered",
+                code="agent_not_running",
+            )
+        ask = base.Ask(
+            key=question.key,
+            type=question.type,
+            question=question.question,
+            options=list(question.options),
+            meta=dict(question.meta),
+        )
+        self.write_stdin(question.agent_id, run.adapter.encode_answer(ask, response))
 
     def output_log(self, agent: Agent) -> OutputLog:
         return OutputLog(Path(agent.run_dir))
-
-    def live_count(self) -> int:
-        return len(self.handles)
-
-
-def environ_snapshot() -> dict[str, str]:
-    return dict(os.environ)

@@ -30,6 +30,7 @@ class TaskSpec(RequestModel):
     labels: list[str] = Field(default_factory=list, max_length=100)
     agent: str | None = Field(None, max_length=100, description="agent profile name")
     max_attempts: int | None = Field(None, ge=1, le=100)
+    max_sessions: int | None = Field(None, ge=1, le=1000, description="agent sessions per task")
     timeout_seconds: float | None = Field(None, gt=0, le=7 * 24 * 3600)
 
     @field_validator("id")

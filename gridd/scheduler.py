@@ -46,6 +46,9 @@ class Scheduler:
         self.passes = 0
         self.idle_passes = 0
         self._last_key: tuple[object, ...] | None = None
+        self._next_resume: float | None = None  # earliest rate-limit reset (epoch seconds)
+        #: True when tasks can appear on their own (beads): never stop a session as idle.
+        self.more_work_may_arrive = False
         self.last_pass_seconds = 0.0
         state.on_change(self.wake)
 
@@ -107,7 +110,24 @@ class Scheduler:
             default_profile=self.settings.scheduler.default_agent,
             stop_file=self.ws.stop_file.exists(),
             timeouts=timeouts,
+            wall_now=time.time(),
+            auto_resume=self.settings.scheduler.auto_resume,
+            budget_left=self._budget_left(),
+            estimates={n: p.cost_per_session or 0.0 for n, p in profiles.items()},
+            stop_when_idle=self.settings.scheduler.stop_when_idle and not self.more_work_may_arrive,
         )
+
+    def _budget_left(self) -> float | None:
+        """What the session may still spend: its budget less finished and running runs."""
+        session = self.state.session
+        if session.budget_usd is None:
+            return None
+        running = 0.0
+        for agent in self.state.live_agents():
+            profile = self.pool.profiles.get(agent.profile)
+            estimate = profile.cost_per_session if profile and profile.cost_per_session else 0.0
+            running += agent.cost_usd if agent.cost_usd is not None else estimate
+        return session.budget_usd - session.spent_usd - running
 
     def _idle_key(self) -> tuple[object, ...]:
         """What can change the plan without a state revision: time-based facts only."""
@@ -123,7 +143,14 @@ class Scheduler:
             started = self.pool.started_mono.get(agent.id)
             if limit is not None and started is not None and now - started > limit:
                 overdue.append(agent.id)
-        return (self.state.revision, self.ws.stop_file.exists(), expired, tuple(overdue))
+        resume_due = self._next_resume is not None and time.time() >= self._next_resume
+        return (
+            self.state.revision,
+            self.ws.stop_file.exists(),
+            expired,
+            tuple(overdue),
+            resume_due,
+        )
 
     def run_pass(self, *, force: bool = False) -> None:
         """One reconcile pass. Skipped when nothing it depends on has changed (idle)."""
@@ -133,7 +160,14 @@ class Scheduler:
             self.idle_passes += 1
             self.last_pass_seconds = time.perf_counter() - started
             return
-        actions = plan(self.observe())
+        observed = self.observe()
+        resumes = [
+            t.resume_at.timestamp()
+            for t in observed.tasks
+            if t.status == TaskStatus.RATE_LIMITED and t.resume_at is not None
+        ]
+        self._next_resume = min(resumes) if resumes else None
+        actions = plan(observed)
         status_updates: dict[str, dict[str, object]] = {}
         for action in actions:
             if isinstance(action, StopSession):
@@ -163,24 +197,40 @@ class Scheduler:
 
     # -- the session -------------------------------------------------------------------------------
 
-    def start_session(self, feature_branch: str | None, max_agents: int) -> SessionState:
+    def start_session(
+        self, feature_branch: str | None, max_agents: int, budget_usd: float | None
+    ) -> SessionState:
         if self.ws.stop_file.exists():
             # A STOP left from before is not a request to stop the session asked for now.
             self.ws.stop_file.unlink(missing_ok=True)
             self.bus.publish("session.stop_file_cleared", {"path": str(self.ws.stop_file)})
         session = SessionState(
-            started=True, feature_branch=feature_branch, max_agents=max_agents, started_at=utcnow()
+            started=True,
+            feature_branch=feature_branch,
+            max_agents=max_agents,
+            started_at=utcnow(),
+            budget_usd=budget_usd,
         )
         self.state.set_session(session)
         self.bus.publish(
-            "session.started", {"featureBranch": feature_branch, "maxAgents": max_agents}
+            "session.started",
+            {"featureBranch": feature_branch, "maxAgents": max_agents, "budgetUsd": budget_usd},
         )
+        if budget_usd is None:
+            self.bus.publish(
+                "session.unbudgeted",
+                {"warning": "this session has no budget cap: nothing limits what agents spend"},
+            )
         return session
 
     def stop_session(self, reason: str, *, force: bool = False) -> SessionState:
         """Stop every agent (gracefully unless ``force``); their tasks return to ready."""
         current = self.state.session
-        self.state.set_session(current.model_copy(update={"started": False}))
+        self.state.set_session(
+            current.model_copy(
+                update={"started": False, "stop_reason": reason, "stopped_at": utcnow()}
+            )
+        )
         updates: dict[str, dict[str, object]] = {}
         for agent in self.state.live_agents():
             task = self.state.tasks.get(agent.task_id)

@@ -18,6 +18,7 @@ from gridd import API_VERSION, __version__
 from gridd.background import Background
 from gridd.commands import Commands
 from gridd.events import EventBus
+from gridd.finish import Finisher
 from gridd.model import (
     DaemonInfo,
     Health,
@@ -29,6 +30,7 @@ from gridd.model import (
 )
 from gridd.notify import Notifier
 from gridd.pool import AgentPool
+from gridd.questions import QuestionBook
 from gridd.scheduler import Scheduler
 from gridd.settings import Settings
 from gridd.sources.beads import SOURCE as BEADS
@@ -56,6 +58,7 @@ class Grid:
         self._shutdown_callback: Callable[[], None] | None = None
         self.state = GridState(store, self.bus)
         self.worktrees = Worktrees(workspace.root, workspace.worktrees_dir)
+        self.questions = QuestionBook(store=store, state=self.state, bus=self.bus)
         self.pool = AgentPool(
             workspace=workspace,
             settings=settings,
@@ -63,8 +66,18 @@ class Grid:
             bus=self.bus,
             worktrees=self.worktrees,
             background=self.background,
+            questions=self.questions,
             environ=os.environ,
         )
+        self.finisher = Finisher(
+            settings=settings,
+            state=self.state,
+            bus=self.bus,
+            pool=self.pool,
+            worktrees=self.worktrees,
+            questions=self.questions,
+        )
+        self.pool.on_exit = self.finisher.finish
         self.scheduler = Scheduler(
             workspace=workspace,
             settings=settings,
@@ -90,7 +103,11 @@ class Grid:
             all_done=self._all_tasks_done,
         )
         self.commands = Commands(
-            settings=settings, state=self.state, pool=self.pool, scheduler=self.scheduler
+            settings=settings,
+            state=self.state,
+            pool=self.pool,
+            scheduler=self.scheduler,
+            questions=self.questions,
         )
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -110,6 +127,7 @@ class Grid:
         self.workspace.runs_dir.mkdir(mode=0o700, exist_ok=True)
         self.commands.recover()
         if self.beads.enabled():
+            self.scheduler.more_work_may_arrive = True
             self.pool.claimers[BEADS] = self.beads.claim
             self.beads.start()
         self.notifier.start()
@@ -187,7 +205,7 @@ class Grid:
             session=self.state.session,
             tasks=list(self.state.tasks.values()),
             agents=self.state.live_agents(),
-            pending_questions=[],
+            pending_questions=self.questions.pending(),
             stats=self.state.stats(),
             daemon=self.daemon_info(),
         )
@@ -204,7 +222,7 @@ class Grid:
             b'{"session":' + dump(self.state.session),
             b'"tasks":' + self.state.tasks_json(),
             b'"agents":' + dump(list(self.state.live_agents())),
-            b'"pendingQuestions":[]',
+            b'"pendingQuestions":' + dump(list(self.questions.pending())),
             b'"stats":' + dump(self.state.stats()),
             b'"daemon":' + dump(self.daemon_info()) + b"}",
         ]

@@ -67,6 +67,35 @@ class SchedulerSettings(_Section):
     )
     backoff_max_seconds: float = Field(default=300.0, ge=0, description="Retry delay ceiling")
     stop_grace_seconds: float = Field(default=10.0, ge=0, description="SIGTERM to SIGKILL on stop")
+    launch_grace_seconds: float | None = Field(
+        default=120.0, gt=0, description="No output or heartbeat by then: launch_failed"
+    )
+    stall_seconds: float | None = Field(
+        default=600.0, gt=0, description="Silence this long: agent.stalled (recoverable)"
+    )
+    stall_kill_seconds: float | None = Field(
+        default=3600.0, gt=0, description="Silence this long: kill and retry"
+    )
+    flap_failures: int = Field(
+        default=5, ge=1, description="This many failures within flap_window_seconds: failed"
+    )
+    flap_window_seconds: float = Field(default=600.0, gt=0, description="The flapping window")
+    max_sessions: int = Field(
+        default=5, ge=1, le=1000, description="Default agent sessions per task (continuations)"
+    )
+    budget_usd: float = Field(
+        default=50.0, ge=0, description="Default session budget; a session may ask for null"
+    )
+    rate_limit_backoff_seconds: float = Field(
+        default=900.0, gt=0, description="Park a rate-limited task this long when no reset time"
+    )
+    stop_when_idle: bool = Field(
+        default=True,
+        description="Stop a session (reason no_work) once no task can run; off with beads",
+    )
+    auto_resume: bool = Field(
+        default=True, description="Resume rate-limited tasks by themselves when the limit resets"
+    )
 
 
 class AgentProfile(_Section):
@@ -79,6 +108,16 @@ class AgentProfile(_Section):
         default=None, gt=0, description="kill an agent running longer"
     )
     adapter: str = Field(default="heartbeat", description="how gridd reads the agent's output")
+    adapter_options: dict[str, Any] = Field(
+        default_factory=dict, description="adapter settings, e.g. a pattern pack's auto answers"
+    )
+    cost_per_session: float | None = Field(
+        default=None, ge=0, description="estimated USD per session when the agent reports none"
+    )
+    launch_grace_seconds: float | None = Field(
+        default=None, gt=0, description="overrides [scheduler] launch_grace_seconds"
+    )
+    stall_seconds: float | None = Field(default=None, gt=0, description="overrides the stall time")
     stdin: Literal["pipe", "null"] = Field(
         default="pipe", description="answers go to stdin when 'pipe'"
     )
@@ -90,11 +129,26 @@ def builtin_profiles() -> dict[str, AgentProfile]:
         "example": AgentProfile(
             command=[sys.executable, "-m", "gridd.agents.example", "{prompt}"],
             adapter="heartbeat",
+            cost_per_session=0.0,
         ),
+        # The prompt goes in as the first stream-json message on stdin, which stays open
+        # for answers; permission prompts arrive as control requests (--permission-prompt-tool).
         "claude": AgentProfile(
-            command=["claude", "-p", "{prompt}", "--output-format", "stream-json", "--verbose"],
+            command=[
+                "claude",
+                "-p",
+                "--output-format",
+                "stream-json",
+                "--input-format",
+                "stream-json",
+                "--verbose",
+                "--permission-prompt-tool",
+                "stdio",
+            ],
             adapter="claude",
-            stdin="null",
+            adapter_options={"permission_prompt_tool": "stdio"},
+            stdin="pipe",
+            cost_per_session=2.0,
         ),
     }
 

@@ -108,9 +108,16 @@ class GridState:
 
     def stats(self) -> Stats:
         counts: dict[str, int] = {}
+        waiting = 0
         for task in self.tasks.values():
             counts[task.status.value] = counts.get(task.status.value, 0) + 1
-        return Stats(**{k: v for k, v in counts.items() if k in Stats.model_fields})
+            waiting += task.waiting_since is not None
+        live_cost = sum(a.cost_usd or 0.0 for a in self.live_agents())
+        return Stats(
+            **{k: v for k, v in counts.items() if k in Stats.model_fields},
+            waiting=waiting,
+            spent_usd=round(self.session.spent_usd + live_cost, 6),
+        )
 
     # -- agents --------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gridd.errors import StoreError
-from gridd.model import Agent, Event, Task, isotime, utcnow
+from gridd.model import Agent, Event, Question, Task, isotime, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,16 @@ MIGRATIONS: list[str] = [
         doc     TEXT NOT NULL
     );
     CREATE INDEX agents_task ON agents(task_id);
+    """,
+    # 3: questions agents asked a human
+    """
+    CREATE TABLE questions (
+        id       TEXT PRIMARY KEY,
+        agent_id TEXT NOT NULL,
+        status   TEXT NOT NULL,
+        doc      TEXT NOT NULL
+    );
+    CREATE INDEX questions_status ON questions(status);
     """,
 ]
 
@@ -239,6 +249,17 @@ class Store:
     def load_agents(self) -> list[Agent]:
         rows = self._exec("SELECT doc FROM agents").fetchall()
         return [Agent.model_validate_json(r[0]) for r in rows]
+
+    def save_question(self, question: Question) -> None:
+        self._exec(
+            "INSERT INTO questions(id, agent_id, status, doc) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT(id) DO UPDATE SET status = excluded.status, doc = excluded.doc",
+            (question.id, question.agent_id, question.status.value, question.model_dump_json()),
+        )
+
+    def load_questions(self) -> list[Question]:
+        rows = self._exec("SELECT doc FROM questions ORDER BY rowid").fetchall()
+        return [Question.model_validate_json(r[0]) for r in rows]
 
     def next_counter(self, name: str) -> int:
         """A persistent counter (agent numbers never repeat across restarts)."""

@@ -172,6 +172,7 @@ def test_an_agent_runs_in_its_worktree_with_its_placeholders_and_environment(
         "GRID_SOCKET": str(repo / ".grid" / "gridd.sock"),
         "GRID_HEARTBEAT": str(Path(agent["runDir"]) / "heartbeat.ndjson"),
         "GRID_ATTEMPT": "1",
+        "GRID_SESSION": "1",
         "EXTRA_SETTING": "from the profile",
     }
     # Its own process group, so that stopping it reaches everything it started.

@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import signal
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,12 +59,35 @@ def process_create_time(pid: int) -> float | None:
         return None
 
 
+def _same_process(pid: int | None, create_time: float | None) -> bool:
+    if pid is None or create_time is None:
+        return False
+    current = process_create_time(pid)
+    if current is None or abs(current - create_time) > 0.01:
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 class AgentProcess:
-    def __init__(self, run_dir: Path, pid: int | None, create_time: float | None) -> None:
+    """(pid, create time) of the agent and of its shim, plus the run directory."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        pid: int | None,
+        create_time: float | None,
+        *,
+        shim_pid: int | None = None,
+        shim_create_time: float | None = None,
+    ) -> None:
         self.run_dir = run_dir
         self.pid = pid
         self.create_time = create_time
-        self._shim: asyncio.subprocess.Process | None = None
+        self.shim_pid = shim_pid
+        self.shim_create_time = shim_create_time
 
     @classmethod
     async def spawn(
@@ -76,43 +100,49 @@ class AgentProcess:
         stdin: str = "pipe",
         timeout: float = 10.0,
     ) -> AgentProcess:
+        """Start the shim fully detached (it double-forks) and wait until the agent runs.
+
+        Not ``asyncio.create_subprocess_exec``: asyncio kills a child whose transport is
+        closed or collected, which would take the shim down with the daemon.
+        """
         run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         spec = {"argv": argv, "cwd": str(cwd), "env": env, "stdin": stdin}
         (run_dir / "spec.json").write_text(json.dumps(spec))
-        log_fd = os.open(run_dir / "shim.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            shim_proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-I",
-                "-S",
-                str(SHIM_PATH),
-                str(run_dir),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=log_fd,
-                stderr=log_fd,
+        with open(run_dir / "shim.log", "ab") as log:
+            launcher = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(SHIM_PATH), str(run_dir), "--detach"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
                 start_new_session=True,
+                close_fds=True,
             )
-        finally:
-            os.close(log_fd)
-        handle = cls(run_dir, None, None)
-        handle._shim = shim_proc
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        while launcher.poll() is None:  # exits as soon as the shim has forked
+            if loop.time() > deadline:
+                launcher.kill()
+                launcher.wait()
+                break
+            await asyncio.sleep(0.002)
+        handle = cls(run_dir, None, None)
         while True:
             info = read_json(run_dir / "agent.json")
             if info is not None:
                 handle.pid = int(info["pid"])
                 handle.create_time = process_create_time(handle.pid)
+                handle.shim_pid = int(info["shimPid"])
+                handle.shim_create_time = process_create_time(handle.shim_pid)
                 return handle
             if (run_dir / "exit.json").exists():
                 return handle  # the command could not even start; exit.json says why
-            if shim_proc.returncode is not None or loop.time() > deadline:
-                log = (run_dir / "shim.log").read_text(errors="replace")[-2000:]
+            if loop.time() > deadline or launcher.returncode not in (0, None):
+                log_text = (run_dir / "shim.log").read_text(errors="replace")[-2000:]
                 raise SpawnError(
-                    f"agent supervisor did not start the agent: {log.strip() or 'no output'}",
+                    f"agent supervisor did not start the agent: {log_text.strip() or 'no output'}",
                     details={"runDir": str(run_dir)},
                 )
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.003)
 
     # -- observation -----------------------------------------------------------------------
 
@@ -124,15 +154,7 @@ class AgentProcess:
 
     def alive(self) -> bool:
         """True while our agent (same pid *and* create time) still exists."""
-        if self.pid is None or self.create_time is None:
-            return False
-        current = process_create_time(self.pid)
-        if current is None or abs(current - self.create_time) > 0.01:
-            return False
-        try:
-            return psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
+        return _same_process(self.pid, self.create_time)
 
     def group_alive(self) -> bool:
         """True while any process of the agent's process group remains: the agent itself, or
@@ -148,9 +170,9 @@ class AgentProcess:
             return False
         return True
 
-    async def reap_shim(self) -> None:
-        if self._shim is not None:
-            await self._shim.wait()
+    def shim_alive(self) -> bool:
+        """True while the shim (same pid and create time) still runs."""
+        return _same_process(self.shim_pid, self.shim_create_time)
 
     # -- control --------------------------------------------------------------------------------
 

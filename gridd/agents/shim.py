@@ -107,4 +107,6 @@ def main(run_dir: str) -> int:
 
 
 if __name__ == "__main__":
+    if "--detach" in sys.argv[2:] and os.fork() > 0:
+        os._exit(0)  # the launcher returns at once; the shim lives on, owned by init
     sys.exit(main(sys.argv[1]))

@@ -245,8 +245,11 @@ async def kill_agent(request: Request) -> Response:
 )
 async def respond(request: Request) -> Response:
     req = await read_body(request, Respond)
-    grid_of(request).commands.respond(_agent_id(request), req.response)
-    return JSONResponse({"status": "delivered"})
+    answered = grid_of(request).commands.respond(_agent_id(request), req.response)
+    body: dict[str, Any] = {"status": "delivered"}
+    if answered is not None:
+        body["question"] = answered.wire()
+    return JSONResponse(body)
 
 
 @table.add(
@@ -266,12 +269,36 @@ async def agent_output(request: Request) -> Response:
 # -- questions ---------------------------------------------------------------------------------------
 
 
+# -- questions ---------------------------------------------------------------------------------------
+
+
 @table.add(
     "GET",
     "/questions",
-    summary="Pending questions from agents",
+    summary="Pending questions from agents (?all=1 includes answered and closed ones)",
     response=Question,
     response_list=True,
+    query={"all": "1 to include answered and closed questions"},
 )
 async def list_questions(request: Request) -> Response:
-    return JSONResponse([])
+    book = grid_of(request).questions
+    items = list(book.questions.values()) if query_flag(request, "all") else book.pending()
+    return wire(items)  # type: ignore[arg-type]
+
+
+@table.add("GET", "/questions/{question_id}", summary="One question", response=Question)
+async def get_question(request: Request) -> Response:
+    return wire(grid_of(request).commands.question(str(request.path_params["question_id"])))
+
+
+@table.add(
+    "POST",
+    "/questions/{question_id}/answer",
+    summary="Answer a question (409 if gone or answered, 422 if not an offered option)",
+    body=Respond,
+    response=Question,
+)
+async def answer_question(request: Request) -> Response:
+    req = await read_body(request, Respond)
+    question_id = str(request.path_params["question_id"])
+    return wire(grid_of(request).commands.answer(question_id, req.response))

@@ -1,0 +1,107 @@
+"""The adapter interface: pure, synchronous, one instance per agent run, no I/O.
+
+The pool feeds an adapter every output chunk (stdout and stderr, combined, as text) and
+every heartbeat line; the adapter answers with ``Signal``s. When a human answers a
+question, ``encode_answer`` gives the exact text to write to the agent's stdin.
+Malformed or truncated input is never fatal: it becomes a ``Malformed`` signal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gridd.agents.heartbeat import Beat
+
+
+@dataclass(frozen=True)
+class Activity:
+    """What the agent is doing now (shown, never interpreted)."""
+
+    label: str | None
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class Ask:
+    """The agent waits for a human. ``key`` identifies it within this run (for answers)."""
+
+    key: str
+    type: str  # permission | decision | clarification | human-verify | human-action
+    question: str
+    options: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)  # protocol details for encode_answer
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Spend so far in this run, in US dollars (replaces, not adds to, earlier reports)."""
+
+    usd: float
+
+
+@dataclass(frozen=True)
+class SessionId:
+    value: str
+
+
+@dataclass(frozen=True)
+class Result:
+    """The agent's own final word (e.g. Claude's ``result`` line)."""
+
+    ok: bool
+    text: str = ""
+    subtype: str | None = None
+    turns: int | None = None
+
+
+@dataclass(frozen=True)
+class Continue:
+    """The agent asks for another session; ``summary`` carries over to it."""
+
+    summary: str = ""
+
+
+@dataclass(frozen=True)
+class RateLimited:
+    """The provider's usage limit is reached; ``resets_at`` is epoch seconds when known."""
+
+    message: str
+    resets_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """Input the adapter could not use (skipped, never fatal)."""
+
+    message: str
+
+
+Signal = Activity | Ask | Cost | SessionId | Result | Continue | RateLimited | Malformed
+
+
+class Adapter(Protocol):
+    name: str
+
+    def initial_input(self, prompt: str) -> str | None:
+        """Text to write to stdin right after the start (None: nothing)."""
+
+    def feed_output(self, text: str) -> list[Signal]:
+        """A chunk of output; chunks may split lines anywhere."""
+
+    def feed_heartbeat(self, beat: Beat) -> list[Signal]:
+        """One parsed heartbeat line."""
+
+    def encode_answer(self, ask: Ask, response: str) -> str:
+        """What to write to stdin to deliver ``response`` to ``ask`` (ends with a newline).
+
+        Raises ``gridd.errors.ValidationFailed`` when ``response`` is not one of a closed
+        set of options (a permission is ``allow`` or ``deny``; a pattern's prompt takes
+        only its own choices)."""
+
+    def feed_eof(self) -> list[Signal]:
+        """The output ended: whatever an unterminated last line still means."""
+
+    def auto_answer(self, ask: Ask) -> str | None:
+        """The response the profile configured for ``ask`` (fed to ``encode_answer`` as a
+        human's would be), or None: a human must answer."""

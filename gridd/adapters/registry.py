@@ -1,0 +1,89 @@
+"""Which adapter a profile's ``adapter`` name means, and its options checked once, up front.
+
+    heartbeat, plain   HeartbeatAdapter (no options): the default for any command
+    claude             ClaudeAdapter: {"permission_prompt_tool"?: "stdio"}, set when the
+                       command passes ``--permission-prompt-tool stdio``
+    patterns           PatternsAdapter: {"pack": str, "auto_answer"?: {pattern id: response},
+                       "send_prompt"?: bool}
+
+Every call returns a fresh instance: adapters keep per-run state and are never shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gridd.adapters.base import Adapter
+from gridd.adapters.claude import ClaudeAdapter
+from gridd.adapters.heartbeat import HeartbeatAdapter
+from gridd.adapters.patterns import PatternsAdapter
+from gridd.errors import ConfigError
+
+
+def _heartbeat(options: dict[str, Any]) -> Adapter:
+    _only(options, set(), "heartbeat")
+    return HeartbeatAdapter()
+
+
+def _plain(options: dict[str, Any]) -> Adapter:
+    _only(options, set(), "plain")
+    return HeartbeatAdapter(name="plain")
+
+
+def _claude(options: dict[str, Any]) -> Adapter:
+    _only(options, {"permission_prompt_tool"}, "claude")
+    tool = options.get("permission_prompt_tool")
+    if tool not in (None, "stdio"):
+        raise ConfigError(
+            "permission_prompt_tool is 'stdio' (as passed to claude) or absent",
+            details={"key": "permission_prompt_tool"},
+        )
+    return ClaudeAdapter(permission_prompt_tool=tool)
+
+
+def _patterns(options: dict[str, Any]) -> Adapter:
+    _only(options, {"pack", "auto_answer", "send_prompt"}, "patterns")
+    pack = options.get("pack")
+    if not isinstance(pack, str) or not pack:
+        raise ConfigError("the patterns adapter needs a 'pack' name", details={"key": "pack"})
+    auto = options.get("auto_answer", {})
+    if not isinstance(auto, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in auto.items()
+    ):
+        raise ConfigError(
+            "auto_answer maps pattern ids to responses (strings)", details={"key": "auto_answer"}
+        )
+    send_prompt = options.get("send_prompt", False)
+    if not isinstance(send_prompt, bool):
+        raise ConfigError("send_prompt is true or false", details={"key": "send_prompt"})
+    return PatternsAdapter(pack=pack, auto_answer=auto, send_prompt=send_prompt)
+
+
+FACTORIES: dict[str, Callable[[dict[str, Any]], Adapter]] = {
+    "heartbeat": _heartbeat,
+    "plain": _plain,
+    "claude": _claude,
+    "patterns": _patterns,
+}
+ADAPTER_NAMES = tuple(FACTORIES)
+
+
+def get_adapter(name: str, *, options: dict[str, Any] | None = None) -> Adapter:
+    """A new adapter for one agent run; ConfigError for an unknown name or bad options."""
+    factory = FACTORIES.get(name)
+    if factory is None:
+        raise ConfigError(
+            f"unknown adapter {name!r} (known: {', '.join(ADAPTER_NAMES)})",
+            details={"adapter": name, "known": list(ADAPTER_NAMES)},
+        )
+    return factory(dict(options or {}))
+
+
+def _only(options: dict[str, Any], allowed: set[str], name: str) -> None:
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ConfigError(
+            f"adapter {name!r} has no option {unknown[0]!r}",
+            details={"adapter": name, "unknown": unknown, "allowed": sorted(allowed)},
+        )

@@ -1,0 +1,86 @@
+"""Everything read from one agent run: output chunks, heartbeats, and what the adapter
+makes of them; plus when the run last showed a sign of life.
+
+Pure bookkeeping over the run directory's files (no events, no state): the pool polls it
+and decides what to publish.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from gridd.adapters import base
+from gridd.agents.heartbeat import Beat, HeartbeatReader
+from gridd.agents.output import Chunk, OutputLog
+
+MAX_SUMMARY = 4000
+
+
+@dataclass
+class Poll:
+    chunks: list[Chunk] = field(default_factory=list)
+    beats: list[Beat] = field(default_factory=list)
+    signals: list[base.Signal] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def life(self) -> bool:
+        return bool(self.chunks or self.beats)
+
+
+class RunWatch:
+    def __init__(self, run_dir: Path, adapter: base.Adapter, *, heartbeat_offset: int = 0) -> None:
+        self.output = OutputLog(run_dir)
+        self.heartbeats = HeartbeatReader(run_dir / "heartbeat.ndjson", heartbeat_offset)
+        self.adapter = adapter
+        self.last_life: float | None = None
+        # What the run has told us so far (the outcome reads these at exit).
+        self.continue_requested = False
+        self.summary = ""
+        self.rate_limited = False
+        self.rate_limited_until: datetime | None = None
+        self.result: base.Result | None = None
+        self.cost: float | None = None
+        self.session_id: str | None = None
+        self.launch_failed = False
+
+    def poll(self, *, final: bool = False) -> Poll:
+        result = Poll()
+        result.chunks = self.output.poll(final=final)
+        for chunk in result.chunks:
+            result.signals += self.adapter.feed_output(chunk.text)
+        beats, warnings = self.heartbeats.poll()
+        result.beats = beats
+        result.warnings = warnings
+        for beat in beats:
+            if beat.message:
+                self.summary = beat.message[-MAX_SUMMARY:]
+            result.signals += self.adapter.feed_heartbeat(beat)
+        if final:
+            result.signals += self.adapter.feed_eof()
+        if result.life:
+            self.last_life = time.monotonic()
+        for signal in result.signals:
+            self._note(signal)
+        return result
+
+    def _note(self, signal: base.Signal) -> None:
+        if isinstance(signal, base.Continue):
+            self.continue_requested = True
+            if signal.summary:
+                self.summary = signal.summary[-MAX_SUMMARY:]
+        elif isinstance(signal, base.RateLimited):
+            self.rate_limited = True
+            if signal.resets_at is not None:
+                self.rate_limited_until = datetime.fromtimestamp(signal.resets_at, UTC)
+        elif isinstance(signal, base.Result):
+            self.result = signal
+            if signal.text:
+                self.summary = signal.text[-MAX_SUMMARY:]
+        elif isinstance(signal, base.Cost):
+            self.cost = signal.usd
+        elif isinstance(signal, base.SessionId):
+            self.session_id = signal.value

@@ -1,0 +1,266 @@
+"""Finishing an agent run: account its cost, decide what its exit means, apply it.
+
+The decision is ``outcome.decide`` (pure); this module does the I/O around it. Work is never
+thrown away: whatever the outcome, what the agent left in its worktree is committed on the
+task's branch (a failed attempt's work is committed too, so the retry can build on it or
+undo it; its failure is written beside it for the retry to read).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from gridd.agents.process import ExitStatus
+from gridd.agents.watch import RunWatch
+from gridd.errors import GriddError
+from gridd.events import EventBus
+from gridd.model import Agent, AgentStatus, Task, TaskStatus, utcnow
+from gridd.outcome import (
+    Block,
+    Completed,
+    Continue,
+    Fail,
+    Outcome,
+    RateLimit,
+    Retry,
+    RunFacts,
+    Stopped,
+    decide,
+    describe_exit,
+)
+from gridd.pool import AgentPool
+from gridd.questions import QuestionBook
+from gridd.settings import Settings
+from gridd.state import GridState
+from gridd.worktrees import Worktrees
+
+log = logging.getLogger(__name__)
+
+FAILURE_TAIL_LINES = 200
+
+
+class Finisher:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        state: GridState,
+        bus: EventBus,
+        pool: AgentPool,
+        worktrees: Worktrees,
+        questions: QuestionBook,
+    ) -> None:
+        self.settings = settings
+        self.state = state
+        self.bus = bus
+        self.pool = pool
+        self.worktrees = worktrees
+        self.questions = questions
+        self.failures: dict[str, list[float]] = {}  # task id -> monotonic failure times
+
+    async def finish(self, agent_id: str, status: ExitStatus, run: RunWatch) -> None:
+        agent = self.state.agents[agent_id]
+        self.pool.finishing.add(agent.task_id)
+        try:
+            await self._finish(agent, status, run)
+        except GriddError as exc:
+            log.error("finishing agent %s failed: %s", agent_id, exc.message)
+            self.bus.publish("agent.finish_failed", {"agentId": agent_id, "error": exc.message})
+        finally:
+            self.pool.finishing.discard(agent.task_id)
+            self.state.flush()
+            self.state.touch()  # the task may take an agent again
+
+    async def _finish(self, agent: Agent, status: ExitStatus, run: RunWatch) -> None:
+        self.pool.handles.pop(agent.id, None)
+        self.pool.runs.pop(agent.id, None)
+        self.pool.started_mono.pop(agent.id, None)
+        profile = self.pool.profiles.get(agent.profile)
+        cost = run.cost if run.cost is not None else (profile.cost_per_session if profile else None)
+        agent = self.state.update_agent(
+            agent.id,
+            status=AgentStatus.EXITED,
+            ended_at=utcnow(),
+            exit_code=status.code,
+            error=status.error,
+            cost_usd=cost,
+            output_seq=run.output.seq,
+            heartbeat_offset=run.heartbeats.offset,
+            session_id=run.session_id or agent.session_id,
+        )
+        self.questions.close_for_agent(agent.id, "the agent exited before an answer")
+        task = self.state.tasks.get(agent.task_id)
+        if task is None:
+            return
+        if cost:
+            self.state.update_task(task.id, cost_usd=task.cost_usd + cost)
+            session = self.state.session
+            self.state.set_session(
+                session.model_copy(update={"spent_usd": session.spent_usd + cost})
+            )
+            task = self.state.tasks[task.id]
+        facts = self._facts(agent, task, status, run)
+        outcome = decide(facts)
+        await self._apply(agent, task, facts, outcome)
+
+    def _facts(self, agent: Agent, task: Task, status: ExitStatus, run: RunWatch) -> RunFacts:
+        wants = task.status == TaskStatus.WORKING
+        failed = status.code != 0 or agent.stop_reason is not None
+        recent = 0
+        if wants and failed and not run.continue_requested:
+            now = time.monotonic()
+            window = self.settings.scheduler.flap_window_seconds
+            times = [t for t in self.failures.get(task.id, []) if now - t <= window] + [now]
+            self.failures[task.id] = times
+            recent = len(times)
+        return RunFacts(
+            exit_code=status.exit_code,
+            signal=status.signal,
+            error=status.error,
+            stop_reason=agent.stop_reason,
+            task_wants_run=wants,
+            continue_requested=run.continue_requested,
+            summary=run.summary,
+            rate_limited=run.rate_limited,
+            rate_limited_until=run.rate_limited_until,
+            launch_failed=run.launch_failed,
+            result_ok=run.result.ok if run.result is not None else None,
+            attempts=task.attempts,
+            max_attempts=task.max_attempts,
+            sessions=task.sessions,
+            max_sessions=task.max_sessions,
+            recent_failures=recent,
+            flap_limit=self.settings.scheduler.flap_failures,
+        )
+
+    async def _commit(self, agent: Agent, message: str) -> bool:
+        return await self.worktrees.commit_all(Path(agent.worktree_path), message)
+
+    async def _apply(self, agent: Agent, task: Task, facts: RunFacts, outcome: Outcome) -> None:
+        ids = {"agentId": agent.id, "taskId": task.id}
+        if isinstance(outcome, Stopped):
+            committed = await self._commit(
+                agent, f"gridd: {task.id}: work in progress (agent stopped)"
+            )
+            self.bus.publish(
+                "agent.stopped",
+                {
+                    **ids,
+                    "reason": outcome.reason,
+                    "exitCode": facts.code,
+                    "committedWork": committed,
+                },
+            )
+        elif isinstance(outcome, Completed):
+            await self._commit(agent, f"gridd: {task.id}: {task.title}")
+            base = await self.worktrees.base_of(task.branch or "")
+            changed = await self.worktrees.changed_files(Path(agent.worktree_path), base)
+            self.state.update_task(
+                task.id,
+                status=TaskStatus.REVIEW,
+                changed_files=changed,
+                error=None,
+                summary=None,
+                sessions=0,
+            )
+            self.bus.publish(
+                "agent.completed",
+                {
+                    **ids,
+                    "result": "success",
+                    "changedFiles": changed,
+                    "branch": task.branch,
+                    "costUsd": agent.cost_usd,
+                    "summary": facts.summary[-1000:] or None,
+                },
+            )
+        elif isinstance(outcome, Continue):
+            await self._commit(agent, f"gridd: {task.id}: session {task.sessions} (continuing)")
+            self.state.update_task(task.id, status=TaskStatus.READY, summary=outcome.summary)
+            self.bus.publish(
+                "agent.continued",
+                {
+                    **ids,
+                    "session": task.sessions,
+                    "maxSessions": task.max_sessions,
+                    "summary": outcome.summary[-1000:],
+                },
+            )
+        elif isinstance(outcome, RateLimit):
+            await self._commit(agent, f"gridd: {task.id}: work in progress (rate limited)")
+            until = outcome.until or utcnow() + timedelta(
+                seconds=self.settings.scheduler.rate_limit_backoff_seconds
+            )
+            # Resuming continues this session's work (same worktree, a continuation prompt).
+            self.state.update_task(
+                task.id,
+                status=TaskStatus.RATE_LIMITED,
+                resume_at=until,
+                error="usage limit reached",
+                summary=facts.summary or task.summary or "stopped by the provider's usage limit",
+            )
+            self.bus.publish(
+                "task.rate_limited",
+                {
+                    **ids,
+                    "resumeAt": until.isoformat(),
+                    "autoResume": self.settings.scheduler.auto_resume,
+                },
+            )
+        else:
+            await self._fail(agent, task, facts, outcome)
+
+    async def _fail(
+        self, agent: Agent, task: Task, facts: RunFacts, outcome: Retry | Fail | Block
+    ) -> None:
+        error = outcome.error
+        failure_file = self._write_failure(agent, task, facts, error)
+        await self._commit(agent, f"gridd: {task.id}: work of failed attempt {task.attempts}")
+        self.bus.publish(
+            "agent.failed",
+            {
+                "agentId": agent.id,
+                "taskId": task.id,
+                "error": error,
+                "exitCode": facts.code,
+                "willRetry": isinstance(outcome, Retry),
+                "failureFile": str(failure_file),
+            },
+        )
+        if isinstance(outcome, Retry):
+            self.pool.not_before[task.id] = time.monotonic() + self.pool.backoff(task.attempts)
+            self.state.update_task(
+                task.id, status=TaskStatus.READY, error=error, sessions=0, summary=None
+            )
+        elif isinstance(outcome, Fail):
+            self.state.update_task(task.id, status=TaskStatus.FAILED, error=error, sessions=0)
+        else:
+            self.state.update_task(task.id, status=TaskStatus.BLOCKED, error=error, sessions=0)
+
+    def _write_failure(self, agent: Agent, task: Task, facts: RunFacts, error: str) -> Path:
+        """What the next attempt should know (``GRID_PREVIOUS_FAILURE``)."""
+        path = Path(agent.run_dir) / "failure.md"
+        tail = ""
+        try:
+            lines = self.pool.output_log(agent).tail_text(256 * 1024).splitlines()
+            tail = "\n".join(lines[-FAILURE_TAIL_LINES:])
+        except OSError:
+            pass
+        tried = (task.prompt or task.title).strip()
+        text = (
+            f"# Attempt {task.attempts} of task {task.id} failed\n\n"
+            f"- task: {task.title}\n- agent: {agent.id} (profile {agent.profile})\n"
+            f"- exit code: {facts.code}\n- error: {error or describe_exit(facts)}\n"
+            f"- session: {agent.session_number}; last activity: {agent.activity or '-'}"
+            f"; last message: {agent.message or '-'}\n\n"
+            f"## What was tried\n\n{tried[:4000]}\n\n"
+            f"## The last {FAILURE_TAIL_LINES} lines of output\n\n```\n{tail}\n```\n"
+        )
+        try:
+            path.write_text(text)
+        except OSError as exc:
+            log.warning("could not write %s: %s", path, exc)
+        return path

@@ -1,0 +1,147 @@
+"""Questions agents ask a human, persisted, answered exactly once, surviving restarts.
+
+An adapter's ``Ask`` becomes a ``Question`` (stored, listed, emitted as ``agent.question``);
+the task shows it is waiting. An answer is validated (409 when the question is gone or
+already answered, 422 for an option that is not offered), encoded by the agent's adapter
+and written to the agent's stdin. An agent that exits with a question open closes it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from gridd.adapters import base
+from gridd.errors import Conflict, NotFound, ValidationFailed
+from gridd.events import EventBus
+from gridd.model import Agent, AgentStatus, Question, QuestionStatus, utcnow
+from gridd.state import GridState
+from gridd.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class QuestionBook:
+    def __init__(self, *, store: Store, state: GridState, bus: EventBus) -> None:
+        self.store = store
+        self.state = state
+        self.bus = bus
+        self.questions: dict[str, Question] = {q.id: q for q in store.load_questions()}
+
+    def pending(self) -> list[Question]:
+        return [q for q in self.questions.values() if q.status == QuestionStatus.PENDING]
+
+    def pending_for(self, agent_id: str) -> list[Question]:
+        return [q for q in self.pending() if q.agent_id == agent_id]
+
+    def get(self, question_id: str) -> Question:
+        question = self.questions.get(question_id)
+        if question is None:
+            raise NotFound(
+                f"no question {question_id[:80]!r}",
+                code="question_not_found",
+                details={"id": question_id[:80]},
+            )
+        return question
+
+    def _save(self, question: Question) -> Question:
+        self.store.save_question(question)
+        self.questions[question.id] = question
+        return question
+
+    # -- asking ------------------------------------------------------------------------------
+
+    def ask(self, agent: Agent, ask: base.Ask) -> Question:
+        for open_q in self.pending_for(agent.id):
+            if open_q.key == ask.key:
+                return open_q  # the same question seen again (e.g. re-read after a restart)
+        number = self.store.next_counter("question")
+        question = self._save(
+            Question(
+                id=f"q-{number}",
+                agent_id=agent.id,
+                task_id=agent.task_id,
+                type=ask.type,
+                question=ask.question,
+                options=list(ask.options),
+                key=ask.key,
+                meta=dict(ask.meta),
+            )
+        )
+        self._set_waiting(agent.id, waiting=True)
+        self.bus.publish(
+            "agent.question",
+            {
+                "questionId": question.id,
+                "agentId": agent.id,
+                "taskId": agent.task_id,
+                "type": question.type,
+                "question": question.question,
+                "options": question.options,
+            },
+        )
+        return question
+
+    # -- answering ------------------------------------------------------------------------------
+
+    def answer(
+        self, question_id: str, response: str, *, deliver: Callable[[Question, str], None]
+    ) -> Question:
+        question = self.get(question_id)
+        if question.status != QuestionStatus.PENDING:
+            raise Conflict(
+                f"question {question_id} is already {question.status.value}",
+                code=f"question_{question.status.value}",
+                details={"status": question.status.value, "closedReason": question.closed_reason},
+            )
+        free_text = bool(question.meta.get("free_text"))
+        if question.options and not free_text and response not in question.options:
+            raise ValidationFailed(
+                f"{response[:80]!r} is not one of the offered options: {', '.join(question.options)}",
+                code="option_not_offered",
+                details={"options": question.options},
+            )
+        deliver(question, response)
+        answered = self._save(
+            question.model_copy(
+                update={
+                    "status": QuestionStatus.ANSWERED,
+                    "answer": response,
+                    "answered_at": utcnow(),
+                }
+            )
+        )
+        if not self.pending_for(question.agent_id):
+            self._set_waiting(question.agent_id, waiting=False)
+        self.bus.publish(
+            "question.answered",
+            {"questionId": question.id, "agentId": question.agent_id, "taskId": question.task_id},
+        )
+        return answered
+
+    def close_for_agent(self, agent_id: str, reason: str) -> None:
+        for question in self.pending_for(agent_id):
+            self._save(
+                question.model_copy(
+                    update={"status": QuestionStatus.CLOSED, "closed_reason": reason}
+                )
+            )
+            self.bus.publish(
+                "question.closed",
+                {"questionId": question.id, "agentId": agent_id, "reason": reason},
+            )
+        self._set_waiting(agent_id, waiting=False)
+
+    def _set_waiting(self, agent_id: str, *, waiting: bool) -> None:
+        agent = self.state.agents.get(agent_id)
+        if agent is None:
+            return
+        since = utcnow() if waiting else None
+        if waiting and agent.status == AgentStatus.RUNNING:
+            self.state.update_agent(agent_id, status=AgentStatus.WAITING, waiting_since=since)
+        elif not waiting and agent.status == AgentStatus.WAITING:
+            self.state.update_agent(agent_id, status=AgentStatus.RUNNING, waiting_since=None)
+        task = self.state.tasks.get(agent.task_id)
+        if task is not None and (task.waiting_since is None) == waiting:
+            self.state.update_task(task.id, waiting_since=since)
+            self.state.flush()

@@ -9,7 +9,6 @@ values, 404 for unknown ids).
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from gridd.errors import Conflict, NotFound, ValidationFailed
@@ -281,14 +280,3 @@ class Commands:
             "chunks": [{"seq": c.seq, "chunk": c.text} for c in chunks],
             "more": bool(chunks) and chunks[-1].seq < log_.seq,
         }
-
-    # -- recovery ---------------------------------------------------------------------------------------
-
-    def recover(self) -> None:
-        """After a restart: reattach agents whose supervisor survived, finish the rest."""
-        started = time.monotonic()
-        for agent in self.state.live_agents():
-            self.pool.reattach(agent)
-        log.info(
-            "recovered %d agent(s) in %.3fs", len(self.pool.handles), time.monotonic() - started
-        )

@@ -31,6 +31,7 @@ from gridd.model import (
 from gridd.notify import Notifier
 from gridd.pool import AgentPool
 from gridd.questions import QuestionBook
+from gridd.recovery import recover
 from gridd.scheduler import Scheduler
 from gridd.settings import Settings
 from gridd.sources.beads import SOURCE as BEADS
@@ -125,7 +126,7 @@ class Grid:
         self.bus.publish("daemon.started", {"pid": os.getpid(), "version": __version__})
         await self.worktrees.setup()
         self.workspace.runs_dir.mkdir(mode=0o700, exist_ok=True)
-        self.commands.recover()
+        await recover(state=self.state, pool=self.pool, worktrees=self.worktrees, bus=self.bus)
         if self.beads.enabled():
             self.scheduler.more_work_may_arrive = True
             self.pool.claimers[BEADS] = self.beads.claim

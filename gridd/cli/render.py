@@ -1,4 +1,4 @@
-"""How ``gridctl`` shows things to people: the status summary and event lines.
+"""How ``gridctl`` shows things to people: status, tasks, waves, agents and event lines.
 
 Pure formatting: every function takes wire data (already fetched) and returns text or rich
 renderables, so it can be tested without a daemon and reused by later subcommands.
@@ -7,7 +7,8 @@ renderables, so it can be tested without a daemon and reused by later subcommand
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -17,7 +18,7 @@ from rich.text import Text
 
 from gridd.client import SSEEvent
 from gridd.errors import GriddError
-from gridd.model import Agent, Question, RepoState, TaskStatus, utcnow
+from gridd.model import Agent, AgentStatus, Question, RepoState, Task, TaskStatus, utcnow
 
 _ELLIPSIS = "…"
 
@@ -89,10 +90,11 @@ def _task_counts(state: RepoState) -> RenderableType:
     return table
 
 
-def _agents(agents: Iterable[Agent]) -> RenderableType:
+def agents_table(agents: Iterable[Agent], *, empty: str = "no agents") -> RenderableType:
+    """Agents, one row each: id, task, profile, status (exit code), pid, age, last output."""
     rows = list(agents)
     if not rows:
-        return Text("no agents", style="dim")
+        return Text(empty, style="dim")
     table = Table(title=f"agents ({len(rows)})", title_justify="left")
     for name in ("agent", "task", "profile", "status", "pid", "running for", "last output"):
         table.add_column(name, no_wrap=name != "last output")
@@ -133,7 +135,7 @@ def status_view(state: RepoState) -> RenderableType:
         Text(""),
         _task_counts(state),
         Text(""),
-        _agents(state.agents),
+        agents_table(state.agents),
         _questions(state.pending_questions),
     ]
     for warning in state.daemon.warnings:
@@ -164,3 +166,125 @@ def event_pretty(event: SSEEvent) -> str:
     else:
         pairs = _value(event.data)
     return f"{head} {pairs}".rstrip()
+
+
+# -- tasks, waves and the watch line ---------------------------------------------------------
+
+STATUS_STYLES = {
+    TaskStatus.PENDING: "dim",
+    TaskStatus.READY: "cyan",
+    TaskStatus.WORKING: "bold yellow",
+    TaskStatus.REVIEW: "bold magenta",
+    TaskStatus.DONE: "green",
+    TaskStatus.FAILED: "bold red",
+    TaskStatus.BLOCKED: "red",
+    TaskStatus.CANCELLED: "dim",
+}
+
+
+def ago(when: datetime, *, now: datetime | None = None) -> str:
+    """``2m 5s ago`` (a clock a little ahead of ours reads as ``0s ago``)."""
+    seconds = ((now or utcnow()) - when).total_seconds()
+    return f"{duration(max(seconds, 0.0))} ago"
+
+
+def _status(status: TaskStatus) -> Text:
+    return Text(status.value, style=STATUS_STYLES.get(status, ""))
+
+
+def task_table(tasks: Sequence[Task], *, now: datetime | None = None) -> RenderableType:
+    """``gridctl task list``: one row per task."""
+    if not tasks:
+        return Text("no tasks", style="dim")
+    table = Table(title=f"tasks ({len(tasks)})", title_justify="left")
+    for name in ("id", "status", "pri", "deps", "agent", "attempts", "branch", "updated"):
+        table.add_column(
+            name, no_wrap=name not in ("deps",), justify="right" if name == "pri" else "left"
+        )
+    for t in tasks:
+        table.add_row(
+            Text(t.id),
+            _status(t.status),
+            Text(str(t.priority)),
+            Text(", ".join(t.depends_on) or "-"),
+            Text(t.agent or "(default)", style="" if t.agent else "dim"),
+            Text(f"{t.attempts}/{t.max_attempts}"),
+            Text(t.branch or "-"),
+            Text(ago(t.updated_at, now=now)),
+        )
+    return table
+
+
+def task_detail(task: Task, agents: Sequence[Agent] = ()) -> RenderableType:
+    """``gridctl task show``: every field, its changed files, its error and its agents."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+
+    def row(name: str, value: str | Text) -> None:
+        grid.add_row(name, value if isinstance(value, Text) else Text(value))
+
+    row("id", task.id)
+    row("title", task.title)
+    row("status", _status(task.status))
+    row("priority", str(task.priority))
+    row("depends on", ", ".join(task.depends_on) or "-")
+    row("labels", ", ".join(task.labels) or "-")
+    row("agent", task.agent or "(default profile)")
+    row("attempts", f"{task.attempts} of {task.max_attempts}")
+    row("timeout", duration(task.timeout_seconds) if task.timeout_seconds else "-")
+    row("source", task.source)
+    row("branch", task.branch or "-")
+    row("worktree", task.worktree or "-")
+    row("created", f"{task.created_at:%Y-%m-%d %H:%M:%S} ({ago(task.created_at)})")
+    row("updated", f"{task.updated_at:%Y-%m-%d %H:%M:%S} ({ago(task.updated_at)})")
+    if task.error:
+        row("error", Text(task.error, style="bold red"))
+    files = "\n".join(task.changed_files) if task.changed_files else "-"
+    row(f"changed files ({len(task.changed_files)})", files)
+    for agent in sorted(agents, key=lambda a: a.started_at):
+        code = "" if agent.exit_code is None else f" ({agent.exit_code})"
+        row(
+            f"agent {agent.id}",
+            f"{agent.status.value}{code}, attempt {agent.attempt}, started"
+            f" {ago(agent.started_at)}" + (f": {agent.error}" if agent.error else ""),
+        )
+    parts: list[RenderableType] = [grid]
+    if task.prompt:
+        parts += [Text(""), Text("prompt", style="bold"), Text(task.prompt)]
+    return Group(*parts)
+
+
+def waves_text(
+    waves: Sequence[Sequence[str]],
+    *,
+    statuses: Mapping[str, str] | None = None,
+    titles: Mapping[str, str] | None = None,
+) -> str:
+    """Waves in order, one task per line: ``wave 1`` then ``  id  status  title``."""
+    if not waves:
+        return "no tasks"
+    statuses, titles = statuses or {}, titles or {}
+    every = [task_id for wave in waves for task_id in wave]
+    id_width = max(len(task_id) for task_id in every)
+    status_width = max((len(statuses.get(task_id, "")) for task_id in every), default=0)
+    lines = []
+    for number, wave in enumerate(waves, start=1):
+        lines.append(f"wave {number} ({len(wave)} task{'s' if len(wave) != 1 else ''})")
+        for task_id in wave:
+            cells = [task_id.ljust(id_width)]
+            if status_width:
+                cells.append(statuses.get(task_id, "").ljust(status_width))
+            cells.append(" ".join(titles.get(task_id, "").split()))
+            lines.append("  " + "  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def summary_line(state: RepoState) -> str:
+    """One line for a log or a pipe: the session, live agents and the task counts."""
+    s = state.session
+    session = f"session {s.feature_branch or '(no branch)'}" if s.started else "no session"
+    live = sum(1 for a in state.agents if a.status != AgentStatus.EXITED)
+    counts = state.stats.model_dump()
+    tasks = " ".join(f"{status.value} {counts.get(status.value, 0)}" for status in TaskStatus)
+    return f"{session}, {live} agent{'s' if live != 1 else ''}; tasks: {tasks}"

@@ -68,6 +68,37 @@ class Subscriber:
             return None
         return item
 
+    async def get_batch(self, timeout: float | None = None, limit: int = 512) -> list[Event] | None:
+        """Everything queued (up to ``limit``), waiting up to ``timeout`` only when nothing is.
+
+        ``[]`` means the timeout passed; ``None`` means the stream must end. One wake-up
+        serves a whole burst, which is what lets twenty streams keep up with a fast bus.
+        """
+        if self.dropped:
+            return None
+        batch: list[Event] = []
+        queue = self.queue
+        if queue.empty() and not self.closed:
+            try:
+                first = await asyncio.wait_for(queue.get(), timeout)
+            except TimeoutError:
+                return []
+            if first is None or self.dropped:
+                return None
+            batch.append(first)
+        while len(batch) < limit:
+            try:
+                item = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                break
+            if item is None:
+                self.closed = True
+                break
+            batch.append(item)
+        if not batch and self.closed:
+            return None
+        return batch
+
     @property
     def ended(self) -> bool:
         return self.dropped or self.closed

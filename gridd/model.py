@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from pydantic.alias_generators import to_camel
 
 
@@ -190,6 +190,9 @@ class Event(WireModel):
     type: str
     data: dict[str, Any]
     ts: datetime
+    # Encodings computed once and shared by every stream that sends this event.
+    _json: str | None = PrivateAttr(default=None)
+    _sse: bytes | None = PrivateAttr(default=None)
 
 
 class VersionInfo(WireModel):

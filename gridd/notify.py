@@ -23,9 +23,10 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
+if TYPE_CHECKING:
+    import aiohttp
 
 from gridd.background import Background
 from gridd.events import EventBus
@@ -325,6 +326,10 @@ class Notifier:
             log.exception("notifications: cannot publish %s", type_)
 
     async def _webhook(self, body: bytes) -> None:
+        # Imported on first use: most workspaces never configure a webhook, and aiohttp
+        # costs ~0.1 s of start-up and ~10 MB of memory.
+        import aiohttp
+
         assert self.settings.webhook_url is not None
         if self._http is None:
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._t))

@@ -181,7 +181,9 @@ class Store:
         )
         event_id = cur.lastrowid
         assert event_id is not None
-        return Event(id=event_id, type=type_, data=data, ts=ts)
+        event = Event(id=event_id, type=type_, data=data, ts=ts)
+        event._json = payload
+        return event
 
     def events_after(
         self, since: int, *, types: Iterable[str] | None = None, limit: int = 500
@@ -199,10 +201,14 @@ class Store:
                 "SELECT id, type, data, ts FROM events WHERE id > ? ORDER BY id LIMIT ?",
                 (since, limit),
             ).fetchall()
-        return [
-            Event(id=r[0], type=r[1], data=json.loads(r[2]), ts=datetime.fromisoformat(r[3]))
-            for r in rows
-        ]
+        events = []
+        for r in rows:
+            event = Event(
+                id=r[0], type=r[1], data=json.loads(r[2]), ts=datetime.fromisoformat(r[3])
+            )
+            event._json = r[2]
+            events.append(event)
+        return events
 
     def last_event_id(self) -> int:
         row = self._exec("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()

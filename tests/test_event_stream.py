@@ -13,7 +13,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -287,6 +287,26 @@ def _stream(
     return EventStream(cast(Grid, _StreamGrid(bus, settings)), since=since, types=types)
 
 
+@dataclass
+class _Item:
+    """One SSE event as a stream yields it (a ServerSentEvent or part of a byte batch)."""
+
+    event: str
+    id: str
+    data: str
+
+
+async def _items(stream: EventStream) -> AsyncIterator[_Item]:
+    async for raw in stream.__aiter__():
+        if isinstance(raw, bytes):
+            for block in raw.decode().replace("\r\n", "\n").split("\n\n"):
+                if block:
+                    fields = dict(line.split(": ", 1) for line in block.split("\n"))
+                    yield _Item(fields["event"], fields["id"], fields["data"])
+        else:
+            yield _Item(str(raw.event), str(raw.id), str(raw.data))
+
+
 async def test_stream_replaying_while_thousands_are_published_has_no_gap(store: Store) -> None:
     bus = EventBus(store, queue_size=8192)
     for n in range(2000):
@@ -295,7 +315,7 @@ async def test_stream_replaying_while_thousands_are_published_has_no_gap(store: 
     ids: list[int] = []
 
     async def consume() -> None:
-        async for item in _stream(bus, since=0).__aiter__():
+        async for item in _items(_stream(bus, since=0)):
             ids.append(int(item.id))
             if ids[-1] >= total:
                 return
@@ -313,7 +333,7 @@ async def test_stream_replaying_while_thousands_are_published_has_no_gap(store: 
 async def test_fresh_stream_snapshot_carries_the_position_it_reflects(store: Store) -> None:
     bus = EventBus(store, queue_size=64)
     bus.publish("test.a", {})
-    stream = _stream(bus, since=None).__aiter__()
+    stream = _items(_stream(bus, since=None))
     bus.publish("test.b", {})  # after the request arrived, before the stream started
     first = await anext(stream)
     assert first.event == "state.snapshot"
@@ -345,7 +365,7 @@ async def test_bus_drops_a_subscriber_whose_queue_overflows(store: Store) -> Non
 
 async def test_closing_the_bus_delivers_what_was_queued_then_ends(store: Store) -> None:
     bus = EventBus(store, queue_size=16)
-    stream = _stream(bus, since=None).__aiter__()
+    stream = _items(_stream(bus, since=None))
     assert (await anext(stream)).event == "state.snapshot"
     bus.publish("test.last", {})
     bus.publish("daemon.stopping", {})
@@ -357,7 +377,7 @@ async def test_closing_the_bus_delivers_what_was_queued_then_ends(store: Store) 
 
 async def test_stream_types_filter_applies_live(store: Store) -> None:
     bus = EventBus(store, queue_size=64)
-    stream = _stream(bus, since=None, types=frozenset({"b.two", "state.snapshot"})).__aiter__()
+    stream = _items(_stream(bus, since=None, types=frozenset({"b.two", "state.snapshot"})))
     assert (await anext(stream)).event == "state.snapshot"  # now it is subscribed
     for name in ("a.one", "b.two", "a.one", "b.two"):
         bus.publish(name, {})
@@ -367,7 +387,7 @@ async def test_stream_types_filter_applies_live(store: Store) -> None:
 
 async def test_periodic_snapshot_is_not_starved_by_a_busy_stream(store: Store) -> None:
     bus = EventBus(store, queue_size=100_000)
-    stream = _stream(bus, since=None, snapshot_seconds=0.2).__aiter__()
+    stream = _items(_stream(bus, since=None, snapshot_seconds=0.2))
     assert (await anext(stream)).event == "state.snapshot"
     snapshots = 0
     deadline = time.monotonic() + 1.5

@@ -37,8 +37,15 @@ def _dumps(data: Any) -> str:
     return json.dumps(data, separators=(",", ":"), default=str)
 
 
-def _sse(event: Event) -> ServerSentEvent:
-    return ServerSentEvent(data=_dumps(event.data), event=event.type, id=str(event.id))
+def encoded(event: Event) -> bytes:
+    """The event as SSE bytes, encoded once and shared by every stream that sends it."""
+    cached = event._sse
+    if cached is None:
+        data = event._json or _dumps(event.data)
+        # CRLF, as sse-starlette writes its own events (snapshots, pings).
+        cached = f"id: {event.id}\r\nevent: {event.type}\r\ndata: {data}\r\n\r\n".encode()
+        event._sse = cached
+    return cached
 
 
 def parse_since(request: Request) -> int | None:
@@ -90,7 +97,7 @@ class EventStream:
     def _wants_snapshots(self) -> bool:
         return self.types is None or SNAPSHOT in self.types
 
-    async def __aiter__(self) -> AsyncIterator[ServerSentEvent]:
+    async def __aiter__(self) -> AsyncIterator[ServerSentEvent | bytes]:
         bus = self.grid.bus
         try:
             if self.since is None:
@@ -121,33 +128,34 @@ class EventStream:
                         if not page:
                             self.sub = bus.subscribe(types=self.types)
                             break
-                        for event in page:
-                            self.last = event.id
-                            yield _sse(event)
+                        self.last = page[-1].id
+                        yield b"".join(encoded(e) for e in page)
             async for item in self._live():
                 yield item
         finally:
             if self.sub is not None:
                 bus.unsubscribe(self.sub)
 
-    async def _live(self) -> AsyncIterator[ServerSentEvent]:
+    async def _live(self) -> AsyncIterator[ServerSentEvent | bytes]:
         assert self.sub is not None
         interval = self.grid.settings.events.snapshot_seconds
         next_snapshot = time.monotonic() + interval
         while True:
-            timeout = max(0.0, next_snapshot - time.monotonic())
-            event = await self.sub.get(timeout=timeout)
-            if event is None:
-                if self.sub.ended:
-                    return
+            if time.monotonic() >= next_snapshot:  # due even on a stream that is never idle
                 if self._wants_snapshots():
                     yield self._snapshot()
                 next_snapshot = time.monotonic() + interval
+            timeout = max(0.0, next_snapshot - time.monotonic())
+            batch = await self.sub.get_batch(timeout=timeout)
+            if batch is None:
+                return
+            if not batch:
                 continue
-            if event.id <= self.last:
-                continue
-            self.last = event.id
-            yield _sse(event)
+            fresh = [e for e in batch if e.id > self.last]
+            if fresh:
+                self.last = fresh[-1].id
+                # One send for the whole burst; each event was encoded once, at publish.
+                yield b"".join(encoded(e) for e in fresh)
 
 
 class _EventSourceResponse(EventSourceResponse):

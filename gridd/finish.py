@@ -66,9 +66,12 @@ class Finisher:
         self.pool.finishing.add(agent.task_id)
         try:
             await self._finish(agent, status, run)
-        except GriddError as exc:
-            log.error("finishing agent %s failed: %s", agent_id, exc.message)
-            self.bus.publish("agent.finish_failed", {"agentId": agent_id, "error": exc.message})
+        except Exception as exc:  # not CancelledError: a stopping daemon leaves it to the next
+            message = exc.message if isinstance(exc, GriddError) else repr(exc)
+            log.error("finishing agent %s failed: %s", agent_id, message, exc_info=exc)
+            self.bus.publish("agent.finish_failed", {"agentId": agent_id, "error": message})
+            if self.state.agents[agent_id].status != AgentStatus.EXITED:
+                self._settle(agent, status, run)  # its task, still working, runs again
         finally:
             self.pool.finishing.discard(agent.task_id)
             self.state.flush()
@@ -78,6 +81,18 @@ class Finisher:
         self.pool.handles.pop(agent.id, None)
         self.pool.runs.pop(agent.id, None)
         self.pool.started_mono.pop(agent.id, None)
+        task = self.state.tasks.get(agent.task_id)
+        if task is None:
+            self._settle(agent, status, run)
+            return
+        facts = self._facts(agent, task, status, run)
+        outcome = decide(facts)
+        await self._apply(agent, task, facts, outcome, (status, run))
+
+    def _settle(self, agent: Agent, status: ExitStatus, run: RunWatch) -> Agent:
+        """Record the exit and account its cost. Called with no ``await`` before the task's
+        new status: until then the agent is still live on disk, so a daemon killed while its
+        work is being committed finishes it again from ``exit.json`` on the next start."""
         profile = self.pool.profiles.get(agent.profile)
         cost = run.cost if run.cost is not None else (profile.cost_per_session if profile else None)
         agent = self.state.update_agent(
@@ -91,20 +106,21 @@ class Finisher:
             heartbeat_offset=run.heartbeats.offset,
             session_id=run.session_id or agent.session_id,
         )
-        self.questions.close_for_agent(agent.id, "the agent exited before an answer")
+        self.questions.close_for_agent(
+            agent.id,
+            f"the agent was stopped: {agent.stop_reason}"
+            if agent.stop_reason
+            else "the agent exited before an answer",
+        )
         task = self.state.tasks.get(agent.task_id)
-        if task is None:
-            return
-        if cost:
+        if cost and task is not None:
             self.state.update_task(task.id, cost_usd=task.cost_usd + cost)
+        if cost:
             session = self.state.session
             self.state.set_session(
                 session.model_copy(update={"spent_usd": session.spent_usd + cost})
             )
-            task = self.state.tasks[task.id]
-        facts = self._facts(agent, task, status, run)
-        outcome = decide(facts)
-        await self._apply(agent, task, facts, outcome)
+        return agent
 
     def _facts(self, agent: Agent, task: Task, status: ExitStatus, run: RunWatch) -> RunFacts:
         wants = task.status == TaskStatus.WORKING
@@ -139,12 +155,22 @@ class Finisher:
     async def _commit(self, agent: Agent, message: str) -> bool:
         return await self.worktrees.commit_all(Path(agent.worktree_path), message)
 
-    async def _apply(self, agent: Agent, task: Task, facts: RunFacts, outcome: Outcome) -> None:
+    async def _apply(
+        self,
+        agent: Agent,
+        task: Task,
+        facts: RunFacts,
+        outcome: Outcome,
+        ended: tuple[ExitStatus, RunWatch],
+    ) -> None:
+        """Commit the run's work, then (with no ``await`` in between) settle the agent and
+        give the task its new status."""
         ids = {"agentId": agent.id, "taskId": task.id}
         if isinstance(outcome, Stopped):
             committed = await self._commit(
                 agent, f"gridd: {task.id}: work in progress (agent stopped)"
             )
+            agent = self._settle(agent, *ended)
             self.bus.publish(
                 "agent.stopped",
                 {
@@ -158,6 +184,7 @@ class Finisher:
             await self._commit(agent, f"gridd: {task.id}: {task.title}")
             base = await self.worktrees.base_of(task.branch or "")
             changed = await self.worktrees.changed_files(Path(agent.worktree_path), base)
+            agent = self._settle(agent, *ended)
             self.state.update_task(
                 task.id,
                 status=TaskStatus.REVIEW,
@@ -179,6 +206,7 @@ class Finisher:
             )
         elif isinstance(outcome, Continue):
             await self._commit(agent, f"gridd: {task.id}: session {task.sessions} (continuing)")
+            self._settle(agent, *ended)
             self.state.update_task(task.id, status=TaskStatus.READY, summary=outcome.summary)
             self.bus.publish(
                 "agent.continued",
@@ -191,6 +219,7 @@ class Finisher:
             )
         elif isinstance(outcome, RateLimit):
             await self._commit(agent, f"gridd: {task.id}: work in progress (rate limited)")
+            self._settle(agent, *ended)
             until = outcome.until or utcnow() + timedelta(
                 seconds=self.settings.scheduler.rate_limit_backoff_seconds
             )
@@ -211,14 +240,20 @@ class Finisher:
                 },
             )
         else:
-            await self._fail(agent, task, facts, outcome)
+            await self._fail(agent, task, facts, outcome, ended)
 
     async def _fail(
-        self, agent: Agent, task: Task, facts: RunFacts, outcome: Retry | Fail | Block
+        self,
+        agent: Agent,
+        task: Task,
+        facts: RunFacts,
+        outcome: Retry | Fail | Block,
+        ended: tuple[ExitStatus, RunWatch],
     ) -> None:
         error = outcome.error
         failure_file = self._write_failure(agent, task, facts, error)
         await self._commit(agent, f"gridd: {task.id}: work of failed attempt {task.attempts}")
+        self._settle(agent, *ended)
         self.bus.publish(
             "agent.failed",
             {

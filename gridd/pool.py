@@ -36,6 +36,7 @@ from gridd.worktrees import Worktrees
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.02
+LIVENESS_SECONDS = 0.5
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 
@@ -270,12 +271,28 @@ class AgentPool:
             shim_pid=agent.shim_pid,
             shim_create_time=agent.shim_create_time,
         )
+        if agent.pid is None:
+            # That daemon died while the shim was starting: the shim may well run the agent.
+            adopted = AgentProcess.adopt(
+                Path(agent.run_dir), not_before=agent.started_at.timestamp()
+            )
+            if adopted is not None:
+                handle = adopted
+                agent = self.state.update_agent(
+                    agent.id,
+                    pid=handle.pid,
+                    create_time=handle.create_time,
+                    shim_pid=handle.shim_pid,
+                    shim_create_time=handle.shim_create_time,
+                    status=AgentStatus.RUNNING,
+                )
         profile = self.profiles.get(agent.profile)
         try:
             adapter = get_adapter(agent.adapter, options=profile.adapter_options if profile else {})
         except GriddError:
             adapter = get_adapter("heartbeat")
         run = RunWatch(Path(agent.run_dir), adapter, heartbeat_offset=agent.heartbeat_offset)
+        self._resume_output(agent, run)
         run.last_life = time.monotonic()  # we cannot know; don't call it a launch failure
         self.handles[agent.id] = handle
         self.runs[agent.id] = run
@@ -293,19 +310,42 @@ class AgentPool:
         )
         self.background.spawn(f"agent:{agent.id}", self._watch(agent.id))
 
+    def _resume_output(self, agent: Agent, run: RunWatch) -> None:
+        """Line the output index up with what was published (``agent.output_seq``)."""
+        published, indexed = agent.output_seq, run.output.seq
+        if indexed > published:
+            # Indexed, then the daemon died before publishing: they go out first.
+            run.pending = run.output.read_since(published, limit=indexed - published)
+        elif indexed < published:
+            # The index lost records that were published: keep their numbers taken, so no
+            # seq is ever given to two different chunks.
+            run.output.skip_to(published)
+            self.bus.publish(
+                "agent.warning",
+                {
+                    "agentId": agent.id,
+                    "warning": f"output index {run.output.idx_path} held {indexed} of the"
+                    f" {published} chunks already published; output from there on may repeat",
+                },
+            )
+
     # -- watching ------------------------------------------------------------------------------
 
     async def _watch(self, agent_id: str) -> None:
         handle, run = self.handles[agent_id], self.runs[agent_id]
+        next_liveness = 0.0
         while True:
             status = handle.exit_status()
             polled = run.poll(final=status is not None)
             self._apply(agent_id, run, polled)
-            if status is None and not handle.shim_alive():
+            now = time.monotonic()
+            # Asking the OS whether the shim lives costs far more than reading two files:
+            # exit.json is the normal way out, so this is only the safety net, twice a second.
+            if status is None and now >= next_liveness and not handle.shim_alive():
                 # The shim writes exit.json just before it exits: look once more.
-                status = handle.exit_status() or ExitStatus(
-                    None, None, "the agent's supervisor died; its exit status is unknown"
-                )
+                status = handle.exit_status() or self._orphaned(agent_id, handle, run)
+            if status is None and now >= next_liveness:
+                next_liveness = now + LIVENESS_SECONDS
             if status is not None:
                 while True:
                     rest = run.poll(final=True)
@@ -318,18 +358,46 @@ class AgentPool:
             self._check_health(agent_id, run)
             await asyncio.sleep(0 if polled.chunks else POLL_SECONDS)
 
+    def _orphaned(self, agent_id: str, handle: AgentProcess, run: RunWatch) -> ExitStatus | None:
+        """The shim is gone without a readable exit record. While the agent itself still
+        runs (its output still reaches the log) it is watched on; once it is gone too, its
+        exit status is unknown and that is the reason it failed."""
+        exit_file = handle.run_dir / "exit.json"
+        if exit_file.exists():
+            reason = f"{exit_file} is unreadable; the agent's exit status is unknown"
+        else:
+            reason = "the agent's supervisor died; its exit status is unknown"
+        if handle.group_alive():
+            if not run.orphaned:
+                run.orphaned = True
+                self.bus.publish(
+                    "agent.warning",
+                    {"agentId": agent_id, "warning": f"{reason}; watching it until it exits"},
+                )
+            return None
+        return ExitStatus(None, None, reason)
+
     def _apply(self, agent_id: str, run: RunWatch, polled: Poll) -> None:
         agent = self.state.agents[agent_id]
-        for chunk in polled.chunks:
-            self.bus.publish(
-                "agent.output", {"agentId": agent_id, "chunk": chunk.text, "seq": chunk.seq}
-            )
-        changes: dict[str, object] = {}
         if polled.chunks:
             last = next(
                 (ln for ln in reversed(polled.chunks[-1].text.splitlines()) if ln.strip()), ""
             )
-            changes.update(output_seq=run.output.seq, last_output=last[-300:] or agent.last_output)
+            # The chunks' events and the agent's published position commit together: a
+            # daemon killed after indexing them publishes exactly the rest on restart.
+            # (Subscribers only see the events after this synchronous block has committed.)
+            with self.state.store.transaction():
+                for chunk in polled.chunks:
+                    self.bus.publish(
+                        "agent.output",
+                        {"agentId": agent_id, "chunk": chunk.text, "seq": chunk.seq},
+                    )
+                self.state.update_agent(
+                    agent_id,
+                    output_seq=polled.chunks[-1].seq,
+                    last_output=last[-300:] or agent.last_output,
+                )
+        changes: dict[str, object] = {}
         if polled.beats:
             beat = polled.beats[-1]
             changes.update(
@@ -359,11 +427,25 @@ class AgentPool:
             changes.update(activity=sig.label, message=sig.message)
         elif isinstance(sig, base.Ask):
             auto = run.adapter.auto_answer(sig)
+            line: str | None = None
             if auto is not None:
-                self.handles[agent.id].write_stdin(auto)
+                try:
+                    # Encoded like a human's answer: aider reads "y", not the label "yes".
+                    line = run.adapter.encode_answer(sig, auto)
+                    self.handles[agent.id].write_stdin(line)
+                except GriddError as exc:  # e.g. stdin = "null": a human must answer
+                    line = None
+                    warning = f"could not answer automatically ({exc.message}); asking a human"
+                    self.bus.publish("agent.warning", {"agentId": agent.id, "warning": warning})
+            if line is not None:
                 self.bus.publish(
                     "agent.auto_answered",
-                    {"agentId": agent.id, "question": sig.question, "answer": auto.strip()},
+                    {
+                        "agentId": agent.id,
+                        "taskId": agent.task_id,
+                        "question": sig.question,
+                        "answer": auto,
+                    },
                 )
             else:
                 self.questions.ask(self.state.agents[agent.id], sig)
@@ -484,6 +566,8 @@ class AgentPool:
             meta=dict(question.meta),
         )
         self.write_stdin(question.agent_id, run.adapter.encode_answer(ask, response))
+        # Its silence while it waited for a human is not a stall: the clock starts again now.
+        run.last_life = time.monotonic()
 
     def output_log(self, agent: Agent) -> OutputLog:
         return OutputLog(Path(agent.run_dir))

@@ -53,7 +53,7 @@ class QuestionBook:
 
     def ask(self, agent: Agent, ask: base.Ask) -> Question:
         for open_q in self.pending_for(agent.id):
-            if open_q.key == ask.key:
+            if open_q.key == ask.key or _repeated(open_q, ask):
                 return open_q  # the same question seen again (e.g. re-read after a restart)
         number = self.store.next_counter("question")
         question = self._save(
@@ -94,13 +94,7 @@ class QuestionBook:
                 code=f"question_{question.status.value}",
                 details={"status": question.status.value, "closedReason": question.closed_reason},
             )
-        free_text = bool(question.meta.get("free_text"))
-        if question.options and not free_text and response not in question.options:
-            raise ValidationFailed(
-                f"{response[:80]!r} is not one of the offered options: {', '.join(question.options)}",
-                code="option_not_offered",
-                details={"options": question.options},
-            )
+        response = offered_option(question, response)
         deliver(question, response)
         answered = self._save(
             question.model_copy(
@@ -141,7 +135,45 @@ class QuestionBook:
             self.state.update_agent(agent_id, status=AgentStatus.WAITING, waiting_since=since)
         elif not waiting and agent.status == AgentStatus.WAITING:
             self.state.update_agent(agent_id, status=AgentStatus.RUNNING, waiting_since=None)
+        elif not waiting and agent.waiting_since is not None:
+            # Already exited (or stopping): it no longer waits, whatever its status says.
+            self.state.update_agent(agent_id, waiting_since=None)
         task = self.state.tasks.get(agent.task_id)
         if task is not None and (task.waiting_since is None) == waiting:
             self.state.update_task(task.id, waiting_since=since)
             self.state.flush()
+
+
+def _repeated(question: Question, ask: base.Ask) -> bool:
+    """A heartbeat question (no protocol meta) beaten again while it waits: the heartbeat
+    contract allows the repeats, and after a restart the new adapter's keys start over."""
+    return (
+        not ask.meta
+        and not question.meta
+        and (question.type, question.question, question.options)
+        == (ask.type, ask.question, list(ask.options))
+    )
+
+
+def offered_option(question: Question, response: str) -> str:
+    """The option ``response`` names: the option itself, the same in another case, or one of
+    the adapter's ``aliases`` for it (the key an interactive CLI reads, ``y`` for ``yes``).
+    Any text when the question takes free text or offers no options; else 422."""
+    if not question.options or response in question.options:
+        return response
+    word = response.strip().lower()
+    for option in question.options:
+        if option.lower() == word:
+            return option
+    aliases = question.meta.get("aliases")
+    if isinstance(aliases, dict):
+        alias = next((v for k, v in aliases.items() if str(k).lower() == word), None)
+        if isinstance(alias, str) and alias in question.options:
+            return alias
+    if question.meta.get("free_text"):
+        return response
+    raise ValidationFailed(
+        f"{response[:80]!r} is not one of the offered options: {', '.join(question.options)}",
+        code="option_not_offered",
+        details={"options": question.options},
+    )

@@ -465,3 +465,245 @@ def read_text_file(path: Path) -> str | None:
         return path.read_text() or None
     except FileNotFoundError:
         return None
+
+
+# -- added for the question/answer tests (talking to agents) -----------------------------------
+
+#: The fake ``claude`` executable that speaks stream-json (tests/fakes/claude).
+FAKE_CLAUDE = Path(__file__).resolve().parent / "fakes" / "claude"
+
+
+def fake_claude_profile(
+    *, stdio: bool = True, env: dict[str, str] | None = None
+) -> dict[str, object]:
+    """An agent profile running the fake claude as gridd runs the real one (``stdio``: with
+    ``--permission-prompt-tool stdio``, so every question comes as a control request)."""
+    command = [
+        sys.executable,
+        str(FAKE_CLAUDE),
+        "-p",
+        "--output-format",
+        "stream-json",
+        "--input-format",
+        "stream-json",
+        "--verbose",
+    ]
+    profile: dict[str, object] = {"adapter": "claude", "stdin": "pipe"}
+    if stdio:
+        command += ["--permission-prompt-tool", "stdio"]
+        profile["adapter_options"] = {"permission_prompt_tool": "stdio"}
+    profile["command"] = command
+    if env:
+        profile["env"] = env
+    return profile
+
+
+def api_call(
+    sock: Path, method: str, path: str, body: object = None, *, timeout: float = 10.0
+) -> tuple[int, object]:
+    """(status, JSON body) of one request, whatever the status (no exception for 4xx)."""
+    transport = httpx.HTTPTransport(uds=str(sock))
+    with httpx.Client(transport=transport, base_url="http://gridd", timeout=timeout) as http:
+        response = http.request(method, path, json=body)
+    return response.status_code, (response.json() if response.content else None)
+
+
+def wait_pending_question(
+    client: GridClient, task_id: str, *, timeout: float = 30.0
+) -> dict[str, object]:
+    """The first pending question of ``task_id`` (``GET /questions``), once there is one."""
+
+    def check() -> dict[str, object] | None:
+        for question in client.get("/questions"):
+            if question["taskId"] == task_id:
+                return question  # type: ignore[no-any-return]
+        return None
+
+    found: dict[str, object] = wait_for(
+        check, timeout=timeout, interval=0.05, message=f"a pending question from {task_id}"
+    )
+    return found
+
+
+def git_show(root: Path, rev_path: str) -> str | None:
+    """``git show REV:PATH`` in ``root``, or None when there is no such file."""
+    done = subprocess.run(
+        ["git", "-C", str(root), "show", rev_path], capture_output=True, text=True, check=False
+    )
+    return done.stdout if done.returncode == 0 else None
+
+
+# -- added for the durability tests (agents outlive the daemon, health, budgets) -----------------
+
+
+class EventFollower:
+    """One SSE client that follows ``GET /events`` in a thread for the whole test, and
+    resumes with ``Last-Event-ID`` (its last seen id) whenever the stream breaks: the
+    daemon was killed, stopped or restarted. Snapshots and resets are kept apart."""
+
+    def __init__(self, sock: Path, *, since: int = 0, read_timeout: float = 2.0) -> None:
+        self.sock = sock
+        self.last_id = since
+        self.read_timeout = read_timeout
+        self.events: list[SSEEvent] = []
+        self.other: list[SSEEvent] = []  # state.snapshot and reset
+        self.connections = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="event-follower", daemon=True)
+
+    def __enter__(self) -> EventFollower:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.read_timeout + 10)
+
+    def snapshot(self) -> list[SSEEvent]:
+        with self._lock:
+            return list(self.events)
+
+    def wait(self, predicate, timeout: float = 30.0, message: str = ""):  # type: ignore[no-untyped-def]
+        """Wait until ``predicate(events so far)`` is true; returns its value."""
+        return wait_for(
+            lambda: predicate(self.snapshot()), timeout=timeout, interval=0.05, message=message
+        )
+
+    def _run(self) -> None:
+        from gridd.client import SSEParser
+
+        while not self._stop.is_set():
+            try:
+                transport = httpx.HTTPTransport(uds=str(self.sock))
+                with (
+                    httpx.Client(transport=transport, base_url="http://gridd") as http,
+                    http.stream(
+                        "GET",
+                        "/events",
+                        headers={"Last-Event-ID": str(self.last_id)},
+                        timeout=httpx.Timeout(5.0, read=self.read_timeout),
+                    ) as response,
+                ):
+                    if response.status_code != 200:
+                        raise httpx.TransportError(f"status {response.status_code}")
+                    self.connections += 1
+                    parser = SSEParser()
+                    for line in response.iter_lines():
+                        event = parser.feed_line(line)
+                        if event is None:
+                            continue
+                        with self._lock:
+                            if event.type in {"state.snapshot", "reset"} or event.id is None:
+                                self.other.append(event)
+                            else:
+                                self.events.append(event)
+                                self.last_id = event.id
+                        if self._stop.is_set():
+                            return
+            except (httpx.TransportError, OSError):
+                pass
+            self._stop.wait(0.05)
+
+
+def output_chunks(client: GridClient, agent_id: str, *, limit: int = 50) -> list[dict[str, object]]:
+    """Every output chunk of an agent through ``GET /agents/{id}/output``, page by page."""
+    chunks: list[dict[str, object]] = []
+    since = 0
+    while True:
+        page = client.get(f"/agents/{agent_id}/output", params={"since": since, "limit": limit})
+        chunks += page["chunks"]
+        if not page["chunks"]:
+            return chunks
+        since = int(page["chunks"][-1]["seq"])
+
+
+def open_fds(pid: int) -> int:
+    return int(psutil.Process(pid).num_fds())
+
+
+def zombie_children(pid: int) -> list[int]:
+    """Children of ``pid`` (at any depth) that exited and were never reaped."""
+    zombies = []
+    for child in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.status() == psutil.STATUS_ZOMBIE:
+                zombies.append(child.pid)
+    return zombies
+
+
+def run_gridctl(root: Path, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*GRIDCTL, "--workspace", str(root), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def touch(path: Path) -> None:
+    path.write_text("")
+
+
+class Restartable:
+    """The workspace's current daemon, which a test may kill, stop and start again."""
+
+    def __init__(self, root: Path, env: dict[str, str] | None = None) -> None:
+        self.root = root
+        self.env = env
+        self.daemon: DaemonProc | None = None
+        self._client: GridClient | None = None
+
+    @property
+    def sock(self) -> Path:
+        return self.root / ".grid" / "gridd.sock"
+
+    def start(self) -> DaemonProc:
+        self.daemon = start_daemon(self.root, env=self.env)
+        return self.daemon
+
+    def client(self) -> GridClient:
+        """A client on the socket; it reconnects by itself after a restart."""
+        if self._client is None:
+            self._client = GridClient(self.sock, timeout=15.0)
+        return self._client
+
+    def kill9(self) -> None:
+        assert self.daemon is not None
+        self.daemon.kill9()
+
+    def stop(self) -> None:
+        assert self.daemon is not None
+        self.daemon.stop(timeout=20)
+
+    def close(self) -> None:
+        """Force-stop the session, end leftover agents, stop whichever daemon answers."""
+        try:
+            if socket_answers(self.sock):
+                with contextlib.suppress(Exception), GridClient(self.sock, timeout=10) as c:
+                    c.post("/session/stop", params={"force": "1"})
+                    wait_for(lambda: not c.get("/agents"), timeout=15, interval=0.1)
+                with contextlib.suppress(Exception), GridClient(self.sock, timeout=10) as c:
+                    c.post("/shutdown")
+                wait_for(lambda: not socket_answers(self.sock), timeout=15, interval=0.1)
+        except AssertionError:
+            pass
+        finally:
+            if self._client is not None:
+                self._client.close()
+            if self.daemon is not None and self.daemon.proc.poll() is None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.daemon.stop(timeout=10)
+            kill_workspace_agents(self.root)
+
+
+@contextmanager
+def restartable_daemon(root: Path, **kwargs) -> Iterator[Restartable]:  # type: ignore[no-untyped-def]
+    """A started daemon that the test may replace; everything is cleaned up afterwards."""
+    handle = Restartable(root, **kwargs)
+    try:
+        handle.start()
+        yield handle
+    finally:
+        handle.close()

@@ -24,7 +24,10 @@ class Activity:
 
 @dataclass(frozen=True)
 class Ask:
-    """The agent waits for a human. ``key`` identifies it within this run (for answers)."""
+    """The agent waits for a human. ``key`` identifies it within this run (for answers).
+
+    ``meta`` may hold ``aliases``: other words a human may answer with, each mapped to the
+    option it names (``{"y": "yes"}``); ``free_text: True`` accepts any answer."""
 
     key: str
     type: str  # permission | decision | clarification | human-verify | human-action

@@ -185,6 +185,8 @@ class PatternsAdapter:
                 "pack_version": self.pack.version,
                 "prompt": prompt.rstrip(),
                 "subject": subject or None,
+                # The keys the CLI reads name their options too: "y" answers "yes".
+                "aliases": {c.send.strip(): c.label for c in choices if c.send.strip()},
             }
             labels = [c.label for c in choices]
             return Ask(f"p{self._counter}", pattern.type, question, labels, meta)

@@ -72,7 +72,10 @@ class OutputLog:
                 data = fh.read(min(MAX_CHUNK, size - self.offset))
                 if not data:
                     break
-                cut = len(data) if final else _utf8_cut(data)
+                # Only the very end of a finished run may split a character (it never
+                # gets the rest); a cut inside the log waits for a whole character.
+                at_end = self.offset + len(data) >= size
+                cut = len(data) if final and at_end else _utf8_cut(data)
                 if cut == 0:
                     break  # only a partial character so far; wait for the rest
                 data = data[:cut]
@@ -85,6 +88,14 @@ class OutputLog:
             with self.idx_path.open("ab") as idx:
                 idx.write(records)
         return chunks
+
+    def skip_to(self, seq: int) -> None:
+        """Append empty records up to ``seq`` (numbers a damaged index lost are not reused)."""
+        if seq <= self.seq:
+            return
+        with self.idx_path.open("ab") as idx:
+            idx.write(_RECORD.pack(self.offset, 0) * (seq - self.seq))
+        self.seq = seq
 
     def read_since(self, since: int, *, limit: int = 1000) -> list[Chunk]:
         """Chunks with seq > ``since`` that are already indexed."""

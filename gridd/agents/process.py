@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
+import termios
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +72,19 @@ def _same_process(pid: int | None, create_time: float | None) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def _pipe_room(fd: int) -> int | None:
+    """Free bytes in the pipe behind ``fd`` (Linux), or None where the OS cannot say."""
+    size_op = getattr(fcntl, "F_GETPIPE_SZ", None)
+    if size_op is None:
+        return None
+    try:
+        capacity = fcntl.fcntl(fd, size_op)
+        queued = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except OSError:
+        return None
+    return int(capacity) - int(queued)
 
 
 class AgentProcess:
@@ -144,6 +160,29 @@ class AgentProcess:
                 )
             await asyncio.sleep(0.003)
 
+    @classmethod
+    def adopt(cls, run_dir: Path, *, not_before: float) -> AgentProcess | None:
+        """The handle of a run whose daemon died before it recorded the pids, from the
+        shim's ``agent.json``. A pid only counts when its process was created between
+        ``not_before`` (epoch seconds: when the run was recorded) and the shim's start
+        stamp; otherwise the number belongs to someone else now."""
+        info = read_json(run_dir / "agent.json")
+        if info is None:
+            return None
+        try:
+            pid, shim_pid = int(info["pid"]), int(info["shimPid"])
+            latest = float(info["startedAt"]) + 1.0
+        except (KeyError, TypeError, ValueError):
+            return None
+
+        def created(p: int) -> float | None:
+            when = process_create_time(p)
+            return when if when is not None and not_before - 1.0 <= when <= latest else None
+
+        return cls(
+            run_dir, pid, created(pid), shim_pid=shim_pid, shim_create_time=created(shim_pid)
+        )
+
     # -- observation -----------------------------------------------------------------------
 
     def exit_status(self) -> ExitStatus | None:
@@ -164,6 +203,11 @@ class AgentProcess:
             return False
         if self.alive():
             return True
+        current = process_create_time(self.pid)
+        if current is not None and abs(current - self.create_time) > 0.01:
+            # The number went to another process, so our group had emptied first; a group
+            # with this id now is that process's own (e.g. another agent's), never ours.
+            return False
         try:
             os.killpg(self.pid, 0)
         except (ProcessLookupError, PermissionError):
@@ -202,7 +246,21 @@ class AgentProcess:
             raise
         try:
             data = text.encode() if text.endswith("\n") else (text + "\n").encode()
-            os.write(fd, data)
+            room = _pipe_room(fd)
+            if room is not None and len(data) > room:
+                # Refuse before writing anything: half a line would corrupt the protocol.
+                raise Conflict(
+                    f"the agent's stdin has room for {room} bytes, the message is {len(data)};"
+                    " it is not reading what it was sent",
+                    code="stdin_full",
+                    details={"room": room, "size": len(data)},
+                )
+            written = os.write(fd, data)
+            if written != len(data):
+                raise Conflict(
+                    f"only {written} of {len(data)} bytes reached the agent's stdin",
+                    code="stdin_full",
+                )
         except BlockingIOError:
             raise Conflict(
                 "the agent's stdin is full; it is not reading", code="stdin_full"

@@ -14,12 +14,15 @@ it receives itself. It must stay small: no imports beyond the standard library.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+
+STDIN_PIPE_BYTES = 1024 * 1024
 
 
 def _write_json(path: str, data: dict[str, object]) -> None:
@@ -29,6 +32,16 @@ def _write_json(path: str, data: dict[str, object]) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def _grow_pipe(fd: int) -> None:
+    """Room for a whole answer (a permission reply echoes the tool's input) in one write."""
+    size_op = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if size_op is not None:
+        try:
+            fcntl.fcntl(fd, size_op, STDIN_PIPE_BYTES)
+        except OSError:
+            pass  # capped by /proc/sys/fs/pipe-max-size: the default buffer still works
 
 
 def _reap_group(pgid: int) -> None:
@@ -58,6 +71,7 @@ def main(run_dir: str) -> int:
         if not os.path.exists(fifo):
             os.mkfifo(fifo, 0o600)
         stdin = os.open(fifo, os.O_RDWR)
+        _grow_pipe(stdin)
     else:
         stdin = os.open(os.devnull, os.O_RDONLY)
     try:

@@ -46,10 +46,14 @@ class RunWatch:
         self.cost: float | None = None
         self.session_id: str | None = None
         self.launch_failed = False
+        self.orphaned = False  # its shim died while the agent ran on
+        #: Chunks indexed before a restart but never published: the next poll returns them.
+        self.pending: list[Chunk] = []
 
     def poll(self, *, final: bool = False) -> Poll:
         result = Poll()
-        result.chunks = self.output.poll(final=final)
+        result.chunks = self.pending + self.output.poll(final=final)
+        self.pending = []
         for chunk in result.chunks:
             result.signals += self.adapter.feed_output(chunk.text)
         beats, warnings = self.heartbeats.poll()

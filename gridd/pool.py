@@ -570,4 +570,4 @@ class AgentPool:
         run.last_life = time.monotonic()
 
     def output_log(self, agent: Agent) -> OutputLog:
-        return OutputLog(Path(agent.run_dir))
+        return OutputLog(Path(agent.run_dir), writer=False)

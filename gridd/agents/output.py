@@ -37,21 +37,27 @@ def _utf8_cut(data: bytes) -> int:
 
 
 class OutputLog:
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, *, writer: bool = True) -> None:
+        """``writer``: the one watcher that indexes new output (and may repair the index);
+        readers (the output endpoint) only look."""
         self.log_path = run_dir / "output.log"
         self.idx_path = run_dir / "chunks.idx"
         self.seq = 0
         self.offset = 0
-        if self.idx_path.exists():
-            raw = self.idx_path.read_bytes()
-            usable = len(raw) - len(raw) % _RECORD.size  # a torn last record is dropped
-            if usable != len(raw):
-                with self.idx_path.open("r+b") as fh:
-                    fh.truncate(usable)
-            self.seq = usable // _RECORD.size
-            if self.seq:
-                off, length = _RECORD.unpack_from(raw, usable - _RECORD.size)
-                self.offset = off + length
+        try:
+            size = os.stat(self.idx_path).st_size
+        except FileNotFoundError:
+            return
+        usable = size - size % _RECORD.size  # a torn last record is dropped
+        if usable != size and writer:
+            with self.idx_path.open("r+b") as fh:
+                fh.truncate(usable)
+        self.seq = usable // _RECORD.size
+        if self.seq:
+            with self.idx_path.open("rb") as fh:
+                fh.seek(usable - _RECORD.size)
+                off, length = _RECORD.unpack(fh.read(_RECORD.size))
+            self.offset = off + length
 
     def size(self) -> int:
         try:

@@ -60,7 +60,8 @@ def build_status(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--until-idle",
         action="store_true",
-        help="watch until no task is pending, ready or working, then exit 0 (implies --watch)",
+        help="watch until nothing can move without you, then exit 0 (implies --watch): no"
+        " task is ready or working, and every pending task waits on one in review or failed",
     )
 
 

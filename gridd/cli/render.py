@@ -199,7 +199,10 @@ def task_table(tasks: Sequence[Task], *, now: datetime | None = None) -> Rendera
     table = Table(title=f"tasks ({len(tasks)})", title_justify="left")
     for name in ("id", "status", "pri", "deps", "agent", "attempts", "branch", "updated"):
         table.add_column(
-            name, no_wrap=name not in ("deps",), justify="right" if name == "pri" else "left"
+            name,
+            no_wrap=name != "deps",
+            min_width=len(name),
+            justify="right" if name == "pri" else "left",
         )
     for t in tasks:
         table.add_row(
@@ -213,6 +216,26 @@ def task_table(tasks: Sequence[Task], *, now: datetime | None = None) -> Rendera
             Text(ago(t.updated_at, now=now)),
         )
     return table
+
+
+#: Fields ``task_detail`` lays out by hand; any other field of ``Task`` is listed after them.
+_SHOWN_TASK_FIELDS = frozenset(
+    {
+        "id", "title", "prompt", "status", "priority", "depends_on", "labels", "agent",
+        "attempts", "max_attempts", "timeout_seconds", "source", "branch", "worktree",
+        "created_at", "updated_at", "error", "changed_files",
+    }
+)  # fmt: skip
+
+
+def _field_text(value: Any) -> str:
+    if value is None or value == []:
+        return "-"
+    if isinstance(value, datetime):
+        return f"{value:%Y-%m-%d %H:%M:%S} ({ago(value)})"
+    if isinstance(value, list | tuple):
+        return ", ".join(str(v) for v in value)
+    return str(value)
 
 
 def task_detail(task: Task, agents: Sequence[Agent] = ()) -> RenderableType:
@@ -242,6 +265,9 @@ def task_detail(task: Task, agents: Sequence[Agent] = ()) -> RenderableType:
         row("error", Text(task.error, style="bold red"))
     files = "\n".join(task.changed_files) if task.changed_files else "-"
     row(f"changed files ({len(task.changed_files)})", files)
+    for name in type(task).model_fields:
+        if name not in _SHOWN_TASK_FIELDS:
+            row(name.replace("_", " "), _field_text(getattr(task, name)))
     for agent in sorted(agents, key=lambda a: a.started_at):
         code = "" if agent.exit_code is None else f" ({agent.exit_code})"
         row(

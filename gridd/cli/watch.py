@@ -4,7 +4,7 @@ A reader thread follows ``GET /events`` and only raises a flag; the main thread 
 ``GET /state`` when the flag is up (at most ``MAX_FETCHES_PER_SECOND``) or every
 ``REFRESH_SECONDS`` anyway, and redraws. On a terminal that is a rich ``Live`` view; into a
 pipe or a file it is one summary line per change. ``--until-idle`` ends the watch (exit 0)
-once no task is pending, ready or working.
+once nothing can move without a person (see ``idle``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from gridd.cli.context import EXIT_OK, Context
 from gridd.cli.events_cmd import RECONNECT_TIMEOUT, stream_events
 from gridd.client import GridClient
 from gridd.errors import DaemonUnreachable, GriddError
-from gridd.model import RepoState
+from gridd.model import RepoState, TaskStatus
 
 REFRESH_SECONDS = 2.0
 MAX_FETCHES_PER_SECOND = 5
@@ -31,10 +31,26 @@ MAX_FETCHES_PER_SECOND = 5
 TASK_ROWS = 25
 
 
+#: Statuses of tasks that move on without anyone's help.
+_MOVING = frozenset({TaskStatus.READY, TaskStatus.WORKING, TaskStatus.RATE_LIMITED})
+
+
 def idle(state: RepoState) -> bool:
-    """No task is waiting to run or running."""
-    stats = state.stats
-    return stats.pending + stats.ready + stats.working == 0
+    """Nothing moves without a person: no task is ready or working (or parked until a rate
+    limit resets), and no pending task is about to become ready (all its dependencies done).
+
+    A pending task whose dependencies wait in review, or failed, waits for a person; counting
+    it as busy would make ``--until-idle`` wait forever on a plan of several waves.
+    """
+    statuses = {t.id: t.status for t in state.tasks}
+    for task in state.tasks:
+        if task.status in _MOVING:
+            return False
+        if task.status == TaskStatus.PENDING and all(
+            statuses.get(dep) == TaskStatus.DONE for dep in task.depends_on
+        ):
+            return False
+    return True
 
 
 class _Follower(threading.Thread):
@@ -82,7 +98,7 @@ def _view(state: RepoState, *, away: bool, until_idle: bool) -> RenderableType:
         parts += [Text(""), render.task_table(state.tasks)]
     if away:
         parts.append(Text("the daemon is not answering; retrying", style="bold yellow"))
-    hint = "until no task is pending, ready or working" if until_idle else "Ctrl-C to quit"
+    hint = "until nothing can move without you" if until_idle else "Ctrl-C to quit"
     parts.append(Text(f"watching ({hint})", style="dim"))
     return Group(*parts)
 

@@ -25,7 +25,13 @@ from gridd.state import GridState
 log = logging.getLogger(__name__)
 
 _STARTABLE = frozenset(
-    {TaskStatus.PENDING, TaskStatus.READY, TaskStatus.FAILED, TaskStatus.BLOCKED}
+    {
+        TaskStatus.PENDING,
+        TaskStatus.READY,
+        TaskStatus.FAILED,
+        TaskStatus.BLOCKED,
+        TaskStatus.RATE_LIMITED,  # resumed by hand (say, with auto_resume = false)
+    }
 )
 
 
@@ -173,6 +179,8 @@ class Commands:
         changes: dict[str, Any] = {"status": TaskStatus.WORKING, "error": None}
         if task.status in (TaskStatus.FAILED, TaskStatus.BLOCKED):
             changes.update(attempts=0, sessions=0, summary=None)
+        elif task.status == TaskStatus.RATE_LIMITED:
+            changes.update(resume_at=None)  # it continues the parked session's work
         self.pool.not_before.pop(task_id, None)
         updated = self.state.update_task(task_id, **changes)
         self.state.flush()

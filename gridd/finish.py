@@ -8,6 +8,7 @@ undo it; its failure is written beside it for the retry to read).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from datetime import timedelta
@@ -40,6 +41,8 @@ from gridd.worktrees import Worktrees
 log = logging.getLogger(__name__)
 
 FAILURE_TAIL_LINES = 200
+#: Pauses between tries when finishing a run fails transiently (a git lock, say).
+FINISH_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0)
 
 
 class Finisher:
@@ -66,12 +69,6 @@ class Finisher:
         self.pool.finishing.add(agent.task_id)
         try:
             await self._finish(agent, status, run)
-        except Exception as exc:  # not CancelledError: a stopping daemon leaves it to the next
-            message = exc.message if isinstance(exc, GriddError) else repr(exc)
-            log.error("finishing agent %s failed: %s", agent_id, message, exc_info=exc)
-            self.bus.publish("agent.finish_failed", {"agentId": agent_id, "error": message})
-            if self.state.agents[agent_id].status != AgentStatus.EXITED:
-                self._settle(agent, status, run)  # its task, still working, runs again
         finally:
             self.pool.finishing.discard(agent.task_id)
             self.state.flush()
@@ -87,7 +84,43 @@ class Finisher:
             return
         facts = self._facts(agent, task, status, run)
         outcome = decide(facts)
-        await self._apply(agent, task, facts, outcome, (status, run))
+        error: Exception | None = None
+        for delay in (*FINISH_RETRY_DELAYS, None):
+            try:
+                await self._apply(agent, task, facts, outcome, (status, run))
+                return
+            except GriddError as exc:  # e.g. a git lock still held: wait and try again
+                error = exc
+                if delay is None or not exc.transient:
+                    break
+                log.warning("finishing agent %s: %s; retrying in %gs", agent.id, exc.message, delay)
+                await asyncio.sleep(delay)
+            except Exception as exc:  # not CancelledError: a stopping daemon leaves it to the next
+                error = exc
+                break
+        self._unrecorded(agent, status, run, error)
+
+    def _unrecorded(
+        self, agent: Agent, status: ExitStatus, run: RunWatch, error: Exception | None
+    ) -> None:
+        """The run's outcome could not be applied: settle it and park its task for a human
+        (running the agent again over work that could not be committed helps nobody)."""
+        message = error.message if isinstance(error, GriddError) else repr(error)
+        log.error("finishing agent %s failed: %s", agent.id, message, exc_info=error)
+        self.bus.publish(
+            "agent.finish_failed",
+            {"agentId": agent.id, "taskId": agent.task_id, "error": message},
+        )
+        if self.state.agents[agent.id].status != AgentStatus.EXITED:
+            self._settle(agent, status, run)
+        task = self.state.tasks.get(agent.task_id)
+        if task is not None and task.status == TaskStatus.WORKING:
+            self.state.update_task(
+                task.id,
+                status=TaskStatus.BLOCKED,
+                error=f"could not record the agent's work: {message}",
+                sessions=0,
+            )
 
     def _settle(self, agent: Agent, status: ExitStatus, run: RunWatch) -> Agent:
         """Record the exit and account its cost. Called with no ``await`` before the task's

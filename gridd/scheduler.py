@@ -118,15 +118,26 @@ class Scheduler:
         )
 
     def _budget_left(self) -> float | None:
-        """What the session may still spend: its budget less finished and running runs."""
+        """What the session may still spend: its budget less finished runs, running runs
+        (what they reported so far, or their profile's estimate if that is more) and spawns
+        still in flight (which have no agent yet, but will cost the same)."""
         session = self.state.session
         if session.budget_usd is None:
             return None
+
+        def estimate(profile_name: str) -> float:
+            profile = self.pool.profiles.get(profile_name)
+            return profile.cost_per_session if profile and profile.cost_per_session else 0.0
+
         running = 0.0
-        for agent in self.state.live_agents():
-            profile = self.pool.profiles.get(agent.profile)
-            estimate = profile.cost_per_session if profile and profile.cost_per_session else 0.0
-            running += agent.cost_usd if agent.cost_usd is not None else estimate
+        live = self.state.live_agents()
+        for agent in live:
+            running += max(agent.cost_usd or 0.0, estimate(agent.profile))
+        with_agent = {a.task_id for a in live}
+        for task_id in self.pool.starting - with_agent:
+            task = self.state.tasks.get(task_id)
+            if task is not None:
+                running += estimate(task.agent or self.settings.scheduler.default_agent)
         return session.budget_usd - session.spent_usd - running
 
     def _idle_key(self) -> tuple[object, ...]:
@@ -177,7 +188,10 @@ class Scheduler:
             elif isinstance(action, StopAgent):
                 self.pool.request_stop(action.agent_id, action.reason, force=action.force)
             elif isinstance(action, SetStatus):
-                status_updates[action.task_id] = {"status": action.status, "error": action.reason}
+                update: dict[str, object] = {"status": action.status, "error": action.reason}
+                if self.state.tasks[action.task_id].status == TaskStatus.RATE_LIMITED:
+                    update["resume_at"] = None  # resumed: no longer parked until then
+                status_updates[action.task_id] = update
             elif isinstance(action, StartTask):
                 if status_updates:
                     self.state.update_tasks(status_updates)

@@ -44,7 +44,15 @@ async def git(cwd: Path, *args: str, check: bool = True) -> GitResult:
         stderr=asyncio.subprocess.PIPE,
         env=env,
     )
-    out, err = await proc.communicate()
+    try:
+        out, err = await proc.communicate()
+    except asyncio.CancelledError:
+        # Never leave git running (and holding index.lock) behind a cancelled caller.
+        # SIGTERM, not SIGKILL: git removes its lock files when terminated.
+        if proc.returncode is None:
+            proc.terminate()
+            await asyncio.shield(proc.wait())
+        raise
     result = GitResult(
         proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
     )

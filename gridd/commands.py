@@ -234,6 +234,8 @@ class Commands:
                     update={"max_agents": max_agents, "budget_usd": budget}
                 )
                 self.state.set_session(session)
+                if budget is None and current.budget_usd is not None:
+                    self.scheduler.warn_unbudgeted()
                 return session
         return self.scheduler.start_session(req.feature_branch, max_agents, budget)
 

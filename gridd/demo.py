@@ -7,6 +7,7 @@ as each wave reaches review, and a summary of the branches and files produced.
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -71,7 +72,13 @@ def summary(root: Path, client: GridClient) -> Table:
     return table
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m gridd.demo",
+        description="Run gridd's demo: a real daemon, six example tasks in three waves, a live"
+        " view, approval in wave order and a summary, in a throwaway repository under /tmp.",
+    )
+    parser.parse_args(argv)
     console = Console()
     root = make_repo()
     ws = Workspace(root=root)

@@ -119,7 +119,6 @@ class Finisher:
                 task.id,
                 status=TaskStatus.BLOCKED,
                 error=f"could not record the agent's work: {message}",
-                sessions=0,
             )
 
     def _settle(self, agent: Agent, status: ExitStatus, run: RunWatch) -> Agent:
@@ -224,7 +223,6 @@ class Finisher:
                 changed_files=changed,
                 error=None,
                 summary=None,
-                sessions=0,
             )
             self.bus.publish(
                 "agent.completed",
@@ -304,9 +302,9 @@ class Finisher:
                 task.id, status=TaskStatus.READY, error=error, sessions=0, summary=None
             )
         elif isinstance(outcome, Fail):
-            self.state.update_task(task.id, status=TaskStatus.FAILED, error=error, sessions=0)
+            self.state.update_task(task.id, status=TaskStatus.FAILED, error=error)
         else:
-            self.state.update_task(task.id, status=TaskStatus.BLOCKED, error=error, sessions=0)
+            self.state.update_task(task.id, status=TaskStatus.BLOCKED, error=error)
 
     def _write_failure(self, agent: Agent, task: Task, facts: RunFacts, error: str) -> Path:
         """What the next attempt should know (``GRID_PREVIOUS_FAILURE``)."""

@@ -231,11 +231,14 @@ class Scheduler:
             {"featureBranch": feature_branch, "maxAgents": max_agents, "budgetUsd": budget_usd},
         )
         if budget_usd is None:
-            self.bus.publish(
-                "session.unbudgeted",
-                {"warning": "this session has no budget cap: nothing limits what agents spend"},
-            )
+            self.warn_unbudgeted()
         return session
+
+    def warn_unbudgeted(self) -> None:
+        self.bus.publish(
+            "session.unbudgeted",
+            {"warning": "this session has no budget cap: nothing limits what agents spend"},
+        )
 
     def stop_session(self, reason: str, *, force: bool = False) -> SessionState:
         """Stop every agent (gracefully unless ``force``); their tasks return to ready."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -451,7 +452,7 @@ def test_status_view_shows_session_agents_questions_and_warnings() -> None:
     assert "tasks (1)" in text
     assert "agents (1)" in text and "4242" in text and "1m 15s" in text
     assert "editing [/bold] src/login.py now" in text  # whitespace collapsed to one line
-    assert "Use OAuth?  [y / n]" in text
+    assert re.search(r"Use OAuth\? +│ y / n +│ waiting \d+s", text)
     assert "warning: state database was unreadable" in text
 
 

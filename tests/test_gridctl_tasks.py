@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
-from gridd.cli import plan_cmd, render, watch
+from gridd.cli import plan_cmd, render_tasks, watch
 from gridd.cli.gridctl import main as gridctl_main
 from gridd.errors import GriddError
 from gridd.model import DaemonInfo, RepoState, SessionState, Stats, Task, TaskStatus, utcnow
@@ -333,7 +333,7 @@ def test_session_runs_tasks_to_review_and_logs_and_watch_follow_them(ws: Path) -
     follower.wait_line(follower.err, "waiting for an agent to start on task one")
     started = gridctl(ws, "session", "start", "--max-agents", "2", "--branch", "feat")
     assert started.returncode == 0, started.stderr
-    assert started.stdout == "session started on feat with up to 2 agents\n"
+    assert started.stdout == "session started on feat with up to 2 agents, budget $50.00\n"
 
     # 'three' waits for 'one' to be approved: nothing moves without a person, so it ends.
     watched = gridctl(ws, "status", "--watch", "--until-idle", timeout=60)
@@ -536,7 +536,7 @@ def test_idle_means_nothing_moves_without_a_person(tasks: list[Task], idle: bool
 
 
 def test_waves_text_aligns_ids_statuses_and_titles() -> None:
-    text = render.waves_text(
+    text = render_tasks.waves_text(
         [["a", "bbb"], ["c"]],
         statuses={"a": "done", "bbb": "review", "c": "pending"},
         titles={"a": "first  one", "c": "third"},
@@ -548,7 +548,7 @@ def test_waves_text_aligns_ids_statuses_and_titles() -> None:
         "wave 2 (1 task)",
         "  c    pending  third",
     ]
-    assert render.waves_text([]) == "no tasks"
+    assert render_tasks.waves_text([]) == "no tasks"
 
 
 def test_read_plan_reports_yaml_errors_with_line_and_column(tmp_path: Path) -> None:

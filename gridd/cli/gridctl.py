@@ -3,11 +3,13 @@
 Every subcommand is a ``Command`` in ``COMMANDS`` (see ``gridd.cli.context``): a help line,
 a function that adds its flags to its subparser, and a function that runs it with a
 ``Context``. Commands live by concept: ``tasks_cmd`` (task), ``plan_cmd`` (plan),
-``session_cmd`` (session, agents, agent), ``logs``, ``events_cmd``, ``watch`` (status
---watch); status and daemon are here. Adding one means one ``COMMANDS`` entry.
+``session_cmd`` (session, agents, agent), ``questions_cmd`` (questions, answer, respond),
+``logs``, ``events_cmd``, ``watch`` (status --watch); status and daemon are here. Adding one
+means one ``COMMANDS`` entry. ``render`` and ``render_tasks`` format what they print.
 
 Exit codes: 0 ok, 1 error (any GriddError, printed as ``gridctl: <message> [<code>]``, then
-each of its ``details.problems``), 2 usage, 3 daemon not reachable. Expected errors never
+each of its ``details.problems``, the ``details.options`` a question offers and a
+``details.closedReason``), 2 usage, 3 daemon not reachable. Expected errors never
 print a traceback. This module talks to gridd only through its socket; it never imports
 the daemon side.
 """
@@ -36,6 +38,7 @@ from gridd.cli.context import (
 from gridd.cli.events_cmd import EVENTS
 from gridd.cli.logs import LOGS
 from gridd.cli.plan_cmd import PLAN
+from gridd.cli.questions_cmd import ANSWER, QUESTIONS, RESPOND
 from gridd.cli.session_cmd import AGENT, AGENTS, SESSION
 from gridd.cli.tasks_cmd import TASK
 from gridd.errors import DaemonUnreachable, GriddError
@@ -95,8 +98,10 @@ def run_daemon(ctx: Context) -> int:
 
 COMMANDS: dict[str, Command] = {
     "status": Command(
-        help="summary of the session, tasks, agents and questions (--watch: live)",
-        description="Show the workspace's session, task counts, agents, pending questions and"
+        help="summary of the session, budget, tasks, agents and questions (--watch: live)",
+        description="Show the workspace's session (its budget and what it has spent, or why it"
+        " stopped), task counts (with tasks waiting for an answer and rate-limited ones and"
+        " when they resume), agents, pending questions with how long they have waited, and"
         " the daemon's version, pid, uptime and last event id. With --watch, keep it current"
         " from the event stream.",
         build=build_status,
@@ -107,6 +112,9 @@ COMMANDS: dict[str, Command] = {
     "session": SESSION,
     "agents": AGENTS,
     "agent": AGENT,
+    "questions": QUESTIONS,
+    "answer": ANSWER,
+    "respond": RESPOND,
     "logs": LOGS,
     "events": EVENTS,
     "daemon": Command(
@@ -139,7 +147,7 @@ def _problem_lines(exc: GriddError) -> list[str]:
     problems = exc.details.get("problems") if isinstance(exc.details, dict) else None
     if not isinstance(problems, list):
         return []
-    lines = []
+    lines: list[str] = []
     for problem in problems:
         if isinstance(problem, dict) and "message" in problem:
             text = str(problem["message"])
@@ -152,9 +160,23 @@ def _problem_lines(exc: GriddError) -> list[str]:
     return lines
 
 
+def _detail_lines(exc: GriddError) -> list[str]:
+    """The options a question offers (after a refused answer) and why a question closed."""
+    details = exc.details if isinstance(exc.details, dict) else {}
+    lines = []
+    options = details.get("options")
+    if isinstance(options, list) and options:
+        lines.append("  offered options:")
+        lines += [f"    {number}) {option}" for number, option in enumerate(options, start=1)]
+    reason = details.get("closedReason")
+    if reason:
+        lines.append(f"  closed because: {reason}")
+    return lines
+
+
 def report(exc: GriddError) -> None:
     print(f"gridctl: {exc.message} [{exc.code}]", file=sys.stderr)
-    for line in _problem_lines(exc):
+    for line in [*_problem_lines(exc), *_detail_lines(exc)]:
         print(line, file=sys.stderr)
 
 

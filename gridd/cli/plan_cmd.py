@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from gridd.cli import render
+from gridd.cli import render_tasks
 from gridd.cli.context import EXIT_OK, Command, Context, group
 from gridd.errors import GriddError, ValidationFailed
 from gridd.plan import graph_problems, waves
@@ -109,7 +109,7 @@ def run_apply(ctx: Context) -> int:
     applied = sum(len(wave) for wave in result["waves"])
     titles = {spec.id: spec.title for spec in plan.tasks if spec.id}
     print(f"applied {name}: {applied} task{'s' if applied != 1 else ''}")
-    print(render.waves_text(result["waves"], statuses=result.get("statuses"), titles=titles))
+    print(render_tasks.waves_text(result["waves"], statuses=result.get("statuses"), titles=titles))
     return EXIT_OK
 
 
@@ -132,7 +132,7 @@ def run_show(ctx: Context) -> int:
     client = ctx.client()
     plan = client.get("/plan")
     titles = {task["id"]: task["title"] for task in client.get("/tasks")}
-    print(render.waves_text(plan["waves"], statuses=plan.get("statuses"), titles=titles))
+    print(render_tasks.waves_text(plan["waves"], statuses=plan.get("statuses"), titles=titles))
     return EXIT_OK
 
 
@@ -153,7 +153,7 @@ def _show_file(path: str) -> int:
             },
         )
     titles = {task_id: spec.title for task_id, spec in zip(ids, plan.tasks, strict=True)}
-    print(render.waves_text(waves(dict(graph)), titles=titles))
+    print(render_tasks.waves_text(waves(dict(graph)), titles=titles))
     return EXIT_OK
 
 

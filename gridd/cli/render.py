@@ -1,37 +1,55 @@
-"""How ``gridctl`` shows things to people: status, tasks, waves, agents and event lines.
+"""How ``gridctl`` shows things to people: status, agents, questions, money, time, events.
 
 Pure formatting: every function takes wire data (already fetched) and returns text or rich
-renderables, so it can be tested without a daemon and reused by later subcommands.
+renderables, so it can be tested without a daemon and reused by later subcommands. Tasks
+and waves have their own module, ``render_tasks``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from gridd.client import SSEEvent
 from gridd.errors import GriddError
-from gridd.model import Agent, AgentStatus, Question, RepoState, Task, TaskStatus, utcnow
+from gridd.model import (
+    Agent,
+    AgentStatus,
+    Question,
+    QuestionStatus,
+    RepoState,
+    SessionState,
+    TaskStatus,
+    utcnow,
+)
 
 _ELLIPSIS = "…"
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def parse_wire(model: type[_Model], data: Any, *, what: str | None = None) -> _Model:
+    """Validate one wire document; a malformed answer is a GriddError, not a traceback."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        noun = model.__name__.lower()
+        name = what or f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
+        raise GriddError(
+            f"the daemon sent {name} this gridctl does not understand: {exc.errors()[0]['msg']}",
+            code="bad_response",
+        ) from None
 
 
 def parse_state(data: Any) -> RepoState:
-    """Validate ``GET /state``; a malformed answer is a GriddError, not a traceback."""
-    try:
-        return RepoState.model_validate(data)
-    except ValidationError as exc:
-        raise GriddError(
-            f"the daemon sent a /state this gridctl does not understand: {exc.errors()[0]['msg']}",
-            code="bad_response",
-        ) from None
+    """Validate ``GET /state``."""
+    return parse_wire(RepoState, data, what="a /state")
 
 
 def duration(seconds: float) -> str:
@@ -46,6 +64,40 @@ def duration(seconds: float) -> str:
         f"{minutes}m" if minutes else "",
     ]
     return " ".join(p for p in [*parts, f"{secs}s"] if p)
+
+
+def ago(when: datetime, *, now: datetime | None = None) -> str:
+    """``2m 5s ago`` (a clock a little ahead of ours reads as ``0s ago``)."""
+    seconds = ((now or utcnow()) - when).total_seconds()
+    return f"{duration(max(seconds, 0.0))} ago"
+
+
+def brief(seconds: float) -> str:
+    """Two units at most, for "how long has it waited": ``45s``, ``3m``, ``2h 5m``, ``1d 3h``."""
+    total = max(int(seconds), 0)
+    if total < 60:
+        return f"{total}s"
+    if total < 3600:
+        return f"{total // 60}m"
+    if total < 86400:
+        hours, minutes = divmod(total // 60, 60)
+        return f"{hours}h {minutes}m" if minutes else f"{hours}h"
+    days, hours = divmod(total // 3600, 24)
+    return f"{days}d {hours}h" if hours else f"{days}d"
+
+
+def waited(since: datetime, *, now: datetime | None = None) -> str:
+    """How long since ``since``, briefly (a clock a little ahead of ours reads as ``0s``)."""
+    return brief(((now or utcnow()) - since).total_seconds())
+
+
+def money(usd: float | None) -> str:
+    """``3.2`` -> ``$3.20``; fractions of a cent keep their digits; None -> ``-``."""
+    if usd is None:
+        return "-"
+    if 0 < abs(usd) < 0.01:
+        return f"${usd:.4f}"
+    return f"${usd:,.2f}"
 
 
 def clip(text: str, width: int) -> str:
@@ -69,15 +121,42 @@ def _daemon_line(state: RepoState) -> Text:
     )
 
 
-def _session_line(state: RepoState) -> Text:
+def budget_text(session: SessionState, spent: float) -> str:
+    """``$3.20 of $50.00``, or ``$3.20 (no budget cap)`` for an explicitly unlimited session."""
+    if session.budget_usd is None:
+        return f"{money(spent)} (no budget cap)"
+    return f"{money(spent)} of {money(session.budget_usd)}"
+
+
+#: What each persisted stop reason means, for people.
+STOP_REASONS = {
+    "user": "stopped by a person",
+    "budget_exhausted": "the budget is spent",
+    "no_work": "no work was left",
+    "stop_file": "a STOP file asked for it",
+    "error": "an error",
+}
+
+
+def _session_line(state: RepoState, *, now: datetime | None = None) -> Text:
     s = state.session
+    spent = budget_text(s, state.stats.spent_usd)
     if not s.started:
-        return Text.assemble(("session ", "dim"), "not started")
+        if s.stop_reason is None and s.stopped_at is None:
+            return Text.assemble(("session ", "dim"), "not started")
+        reason = s.stop_reason or "unknown"
+        meaning = STOP_REASONS.get(reason)
+        when = f" {ago(s.stopped_at, now=now)}" if s.stopped_at else ""
+        return Text.assemble(
+            ("session ", "dim"),
+            ("stopped", "bold"),
+            f" ({reason}{': ' + meaning if meaning else ''}){when}  spent {spent}",
+        )
     since = f", since {s.started_at:%Y-%m-%d %H:%M:%S}" if s.started_at else ""
     return Text.assemble(
         ("session ", "dim"),
         (s.feature_branch or "(no branch)", "bold green"),
-        f"  max {s.max_agents} agents{since}",
+        f"  max {s.max_agents} agents{since}  spent {spent}",
     )
 
 
@@ -90,53 +169,145 @@ def _task_counts(state: RepoState) -> RenderableType:
     return table
 
 
-def agents_table(agents: Iterable[Agent], *, empty: str = "no agents") -> RenderableType:
-    """Agents, one row each: id, task, profile, status (exit code), pid, age, last output."""
+def resume_text(when: datetime, *, now: datetime | None = None) -> str:
+    """When a parked task resumes: ``14:05:00 (in 12m)`` in local time."""
+    left = (when - (now or utcnow())).total_seconds()
+    local = when.astimezone()
+    stamp = f"{local:%H:%M:%S}" if left < 20 * 3600 else f"{local:%Y-%m-%d %H:%M}"
+    return f"{stamp} (in {brief(left)})" if left > 0 else f"{stamp} (due)"
+
+
+def _task_notes(state: RepoState, *, now: datetime | None = None) -> Text | None:
+    """Who waits: tasks waiting for an answer, and rate-limited ones with when they resume."""
+    notes = []
+    if state.stats.waiting:
+        n = state.stats.waiting
+        notes.append(f"{n} task{'s' if n != 1 else ''} waiting for an answer")
+    parked = [t for t in state.tasks if t.status == TaskStatus.RATE_LIMITED]
+    if parked or state.stats.rate_limited:
+        n = max(len(parked), state.stats.rate_limited)
+        times = [t.resume_at for t in parked if t.resume_at is not None]
+        when = f", the first resumes at {resume_text(min(times), now=now)}" if times else ""
+        notes.append(f"{n} rate limited{when}")
+    return Text("; ".join(notes), style="yellow") if notes else None
+
+
+def agent_status(agent: Agent, *, now: datetime | None = None) -> Text:
+    text = agent.status.value
+    if agent.exit_code is not None:
+        text += f" ({agent.exit_code})"
+    style = ""
+    if agent.status == AgentStatus.WAITING:
+        style = "bold magenta"
+        if agent.waiting_since is not None:
+            text += f" {waited(agent.waiting_since, now=now)}"
+    if agent.stalled:
+        text, style = f"{text}, stalled", "bold red"
+    return Text(text, style=style)
+
+
+def _activity(agent: Agent) -> str:
+    parts = [part for part in (agent.activity, agent.message) if part]
+    return clip(": ".join(parts), 50) if parts else "-"
+
+
+def agents_table(
+    agents: Iterable[Agent], *, empty: str = "no agents", now: datetime | None = None
+) -> RenderableType:
+    """Agents, one row each: id, task (and session), profile, status (exit code, how long it
+    has waited, stalled), pid, age, cost, activity and last output."""
     rows = list(agents)
     if not rows:
         return Text(empty, style="dim")
     table = Table(title=f"agents ({len(rows)})", title_justify="left")
-    for name in ("agent", "task", "profile", "status", "pid", "running for", "last output"):
-        table.add_column(name, no_wrap=name != "last output")
+    columns = ("agent", "task", "profile", "status", "pid", "running for", "cost", "activity")
+    for name in (*columns, "last output"):
+        table.add_column(name, no_wrap=name not in {"activity", "last output"})
     for a in rows:
-        elapsed = ((a.ended_at or utcnow()) - a.started_at).total_seconds()
+        elapsed = ((a.ended_at or now or utcnow()) - a.started_at).total_seconds()
+        task = a.task_id if a.session_number <= 1 else f"{a.task_id} (session {a.session_number})"
         table.add_row(
+            Text(a.id),
+            Text(task),
+            Text(a.profile),
+            agent_status(a, now=now),
             *_plain(
-                a.id,
-                a.task_id,
-                a.profile,
-                a.status.value if a.exit_code is None else f"{a.status.value} ({a.exit_code})",
                 str(a.pid) if a.pid is not None else "-",
                 duration(max(elapsed, 0.0)),
+                money(a.cost_usd),
+                _activity(a),
                 clip(a.last_output, 60),
-            )
+            ),
         )
     return table
 
 
-def _questions(questions: Iterable[Question]) -> RenderableType:
+def _question_wait(question: Question, *, now: datetime | None = None) -> str:
+    if question.status == QuestionStatus.PENDING:
+        return f"waiting {waited(question.asked_at, now=now)}"
+    if question.answered_at is not None:
+        return f"answered after {brief((question.answered_at - question.asked_at).total_seconds())}"
+    return f"asked {ago(question.asked_at, now=now)}"
+
+
+def _question_status(question: Question) -> str:
+    if question.status == QuestionStatus.ANSWERED:
+        return f"answered: {clip(question.answer or '', 40)}"
+    if question.status == QuestionStatus.CLOSED:
+        return f"closed: {question.closed_reason or 'no reason given'}"
+    return question.status.value
+
+
+def questions_table(
+    questions: Iterable[Question],
+    *,
+    empty: str = "no pending questions",
+    title: str = "pending questions",
+    now: datetime | None = None,
+) -> RenderableType:
+    """Questions, one row each: id, agent, task, type, question, options, how long it waited
+    (and, when any is no longer pending, its status and answer)."""
     rows = list(questions)
     if not rows:
-        return Text("no pending questions", style="dim")
-    table = Table(title=f"pending questions ({len(rows)})", title_justify="left")
-    for name in ("question id", "agent", "task", "question"):
-        table.add_column(name, no_wrap=name != "question")
+        return Text(empty, style="dim")
+    settled = any(q.status != QuestionStatus.PENDING for q in rows)
+    table = Table(title=f"{title} ({len(rows)})", title_justify="left")
+    names = ["question id", "agent", "task", "type", "question", "options", "waited"]
+    if settled:
+        names.append("status")
+    for name in names:
+        table.add_column(name, no_wrap=name not in {"question", "options", "status"})
     for q in rows:
-        options = f"  [{' / '.join(q.options)}]" if q.options else ""
-        table.add_row(*_plain(q.id, q.agent_id, q.task_id, clip(q.question, 200) + options))
+        cells = [
+            q.id,
+            q.agent_id,
+            q.task_id,
+            q.type,
+            clip(q.question, 200),
+            " / ".join(q.options) or "-",
+            _question_wait(q, now=now),
+        ]
+        if settled:
+            cells.append(_question_status(q))
+        table.add_row(*_plain(*cells))
     return table
 
 
-def status_view(state: RepoState) -> RenderableType:
+def status_view(state: RepoState, *, now: datetime | None = None) -> RenderableType:
     """The whole ``gridctl status`` screen."""
     parts: list[RenderableType] = [
         _daemon_line(state),
-        _session_line(state),
+        _session_line(state, now=now),
         Text(""),
         _task_counts(state),
+    ]
+    notes = _task_notes(state, now=now)
+    if notes is not None:
+        parts.append(notes)
+    parts += [
         Text(""),
-        agents_table(state.agents),
-        _questions(state.pending_questions),
+        agents_table(state.agents, now=now),
+        questions_table(state.pending_questions, now=now),
     ]
     for warning in state.daemon.warnings:
         parts.append(Text.assemble(("warning: ", "bold yellow"), warning))
@@ -168,149 +339,19 @@ def event_pretty(event: SSEEvent) -> str:
     return f"{head} {pairs}".rstrip()
 
 
-# -- tasks, waves and the watch line ---------------------------------------------------------
-
-STATUS_STYLES = {
-    TaskStatus.PENDING: "dim",
-    TaskStatus.READY: "cyan",
-    TaskStatus.WORKING: "bold yellow",
-    TaskStatus.REVIEW: "bold magenta",
-    TaskStatus.DONE: "green",
-    TaskStatus.FAILED: "bold red",
-    TaskStatus.BLOCKED: "red",
-    TaskStatus.CANCELLED: "dim",
-}
-
-
-def ago(when: datetime, *, now: datetime | None = None) -> str:
-    """``2m 5s ago`` (a clock a little ahead of ours reads as ``0s ago``)."""
-    seconds = ((now or utcnow()) - when).total_seconds()
-    return f"{duration(max(seconds, 0.0))} ago"
-
-
-def _status(status: TaskStatus) -> Text:
-    return Text(status.value, style=STATUS_STYLES.get(status, ""))
-
-
-def task_table(tasks: Sequence[Task], *, now: datetime | None = None) -> RenderableType:
-    """``gridctl task list``: one row per task."""
-    if not tasks:
-        return Text("no tasks", style="dim")
-    table = Table(title=f"tasks ({len(tasks)})", title_justify="left")
-    for name in ("id", "status", "pri", "deps", "agent", "attempts", "branch", "updated"):
-        table.add_column(
-            name,
-            no_wrap=name != "deps",
-            min_width=len(name),
-            justify="right" if name == "pri" else "left",
-        )
-    for t in tasks:
-        table.add_row(
-            Text(t.id),
-            _status(t.status),
-            Text(str(t.priority)),
-            Text(", ".join(t.depends_on) or "-"),
-            Text(t.agent or "(default)", style="" if t.agent else "dim"),
-            Text(f"{t.attempts}/{t.max_attempts}"),
-            Text(t.branch or "-"),
-            Text(ago(t.updated_at, now=now)),
-        )
-    return table
-
-
-#: Fields ``task_detail`` lays out by hand; any other field of ``Task`` is listed after them.
-_SHOWN_TASK_FIELDS = frozenset(
-    {
-        "id", "title", "prompt", "status", "priority", "depends_on", "labels", "agent",
-        "attempts", "max_attempts", "timeout_seconds", "source", "branch", "worktree",
-        "created_at", "updated_at", "error", "changed_files",
-    }
-)  # fmt: skip
-
-
-def _field_text(value: Any) -> str:
-    if value is None or value == []:
-        return "-"
-    if isinstance(value, datetime):
-        return f"{value:%Y-%m-%d %H:%M:%S} ({ago(value)})"
-    if isinstance(value, list | tuple):
-        return ", ".join(str(v) for v in value)
-    return str(value)
-
-
-def task_detail(task: Task, agents: Sequence[Agent] = ()) -> RenderableType:
-    """``gridctl task show``: every field, its changed files, its error and its agents."""
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold", no_wrap=True)
-    grid.add_column()
-
-    def row(name: str, value: str | Text) -> None:
-        grid.add_row(name, value if isinstance(value, Text) else Text(value))
-
-    row("id", task.id)
-    row("title", task.title)
-    row("status", _status(task.status))
-    row("priority", str(task.priority))
-    row("depends on", ", ".join(task.depends_on) or "-")
-    row("labels", ", ".join(task.labels) or "-")
-    row("agent", task.agent or "(default profile)")
-    row("attempts", f"{task.attempts} of {task.max_attempts}")
-    row("timeout", duration(task.timeout_seconds) if task.timeout_seconds else "-")
-    row("source", task.source)
-    row("branch", task.branch or "-")
-    row("worktree", task.worktree or "-")
-    row("created", f"{task.created_at:%Y-%m-%d %H:%M:%S} ({ago(task.created_at)})")
-    row("updated", f"{task.updated_at:%Y-%m-%d %H:%M:%S} ({ago(task.updated_at)})")
-    if task.error:
-        row("error", Text(task.error, style="bold red"))
-    files = "\n".join(task.changed_files) if task.changed_files else "-"
-    row(f"changed files ({len(task.changed_files)})", files)
-    for name in type(task).model_fields:
-        if name not in _SHOWN_TASK_FIELDS:
-            row(name.replace("_", " "), _field_text(getattr(task, name)))
-    for agent in sorted(agents, key=lambda a: a.started_at):
-        code = "" if agent.exit_code is None else f" ({agent.exit_code})"
-        row(
-            f"agent {agent.id}",
-            f"{agent.status.value}{code}, attempt {agent.attempt}, started"
-            f" {ago(agent.started_at)}" + (f": {agent.error}" if agent.error else ""),
-        )
-    parts: list[RenderableType] = [grid]
-    if task.prompt:
-        parts += [Text(""), Text("prompt", style="bold"), Text(task.prompt)]
-    return Group(*parts)
-
-
-def waves_text(
-    waves: Sequence[Sequence[str]],
-    *,
-    statuses: Mapping[str, str] | None = None,
-    titles: Mapping[str, str] | None = None,
-) -> str:
-    """Waves in order, one task per line: ``wave 1`` then ``  id  status  title``."""
-    if not waves:
-        return "no tasks"
-    statuses, titles = statuses or {}, titles or {}
-    every = [task_id for wave in waves for task_id in wave]
-    id_width = max(len(task_id) for task_id in every)
-    status_width = max((len(statuses.get(task_id, "")) for task_id in every), default=0)
-    lines = []
-    for number, wave in enumerate(waves, start=1):
-        lines.append(f"wave {number} ({len(wave)} task{'s' if len(wave) != 1 else ''})")
-        for task_id in wave:
-            cells = [task_id.ljust(id_width)]
-            if status_width:
-                cells.append(statuses.get(task_id, "").ljust(status_width))
-            cells.append(" ".join(titles.get(task_id, "").split()))
-            lines.append("  " + "  ".join(cells).rstrip())
-    return "\n".join(lines)
-
-
 def summary_line(state: RepoState) -> str:
-    """One line for a log or a pipe: the session, live agents and the task counts."""
+    """One line for a log or a pipe: the session, live agents, the task counts, the open
+    questions and the money spent."""
     s = state.session
     session = f"session {s.feature_branch or '(no branch)'}" if s.started else "no session"
+    if not s.started and s.stop_reason:
+        session += f" (stopped: {s.stop_reason})"
     live = sum(1 for a in state.agents if a.status != AgentStatus.EXITED)
     counts = state.stats.model_dump()
     tasks = " ".join(f"{status.value} {counts.get(status.value, 0)}" for status in TaskStatus)
-    return f"{session}, {live} agent{'s' if live != 1 else ''}; tasks: {tasks}"
+    asked = len(state.pending_questions)
+    return (
+        f"{session}, {live} agent{'s' if live != 1 else ''}; tasks: {tasks};"
+        f" {asked} question{'s' if asked != 1 else ''} waiting; spent"
+        f" {budget_text(s, state.stats.spent_usd)}"
+    )

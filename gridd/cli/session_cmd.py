@@ -1,32 +1,23 @@
 """``gridctl session ...``, ``gridctl agents`` and ``gridctl agent kill``: who is working.
 
-A session is the desired state "hand ready tasks to agents, up to N at once"; starting or
-stopping it records that intent and the daemon's scheduler converges to it.
+A session is the desired state "hand ready tasks to agents, up to N at once, while the
+budget lasts"; starting or stopping it records that intent and the daemon's scheduler
+converges to it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+from typing import Any
 
-from pydantic import ValidationError
 from rich.console import Console
 
 from gridd.cli import render
 from gridd.cli.context import EXIT_OK, Command, Context, group, positive_int, segment
-from gridd.errors import GriddError
+from gridd.client import GridClient
 from gridd.model import Agent, SessionState
-
-
-def _session(data: object) -> SessionState:
-    try:
-        return SessionState.model_validate(data)
-    except ValidationError as exc:
-        raise GriddError(
-            f"the daemon sent a session this gridctl does not understand: {exc.errors()[0]['msg']}",
-            code="bad_response",
-        ) from None
-
 
 # -- session --------------------------------------------------------------------------------
 
@@ -44,20 +35,90 @@ def build_session_start(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="how many agents may run at once (default: scheduler.max_agents)",
     )
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument(
+        "--budget",
+        type=_usd,
+        metavar="USD",
+        help="stop starting agents once this many US dollars are spent"
+        " (default: scheduler.budget_usd)",
+    )
+    budget.add_argument(
+        "--no-budget",
+        action="store_true",
+        help="no spending cap at all: nothing limits what agents spend (gridd warns about it)",
+    )
+
+
+#: Said when the daemon logged no warning of its own (the session was changed in place).
+UNBUDGETED = "this session has no budget cap: nothing limits what agents spend"
+
+
+def _usd(text: str) -> float:
+    try:
+        value = float(text.strip().removeprefix("$"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an amount of US dollars: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more US dollars, got {text}")
+    return value
+
+
+def session_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``POST /session/start`` body: unset options left out, so the daemon's defaults
+    apply; ``--no-budget`` is an explicit ``null`` budget, which is not the same thing."""
+    body: dict[str, Any] = {
+        key: value
+        for key, value in (("featureBranch", args.branch), ("maxAgents", args.max_agents))
+        if value is not None
+    }
+    if args.no_budget:
+        body["budgetUsd"] = None
+    elif args.budget is not None:
+        body["budgetUsd"] = args.budget
+    return body
+
+
+def _unbudgeted_warnings(client: GridClient, *, after: int) -> list[str]:
+    """The daemon's ``session.unbudgeted`` warnings logged after event ``after``."""
+    upto = int(client.get("/state")["daemon"]["lastEventId"])
+    found: list[str] = []
+    if upto <= after:
+        return found
+    stream = client.events(since=after, read_timeout=5.0)
+    try:
+        for event in stream:
+            if event.type == "session.unbudgeted" and isinstance(event.data, dict):
+                found.append(str(event.data.get("warning") or ""))
+            if event.id is not None and event.id >= upto:
+                break
+    finally:
+        stream.close()  # type: ignore[attr-defined]
+    return [warning for warning in found if warning]
 
 
 def run_session_start(ctx: Context) -> int:
-    body = {"featureBranch": ctx.args.branch, "maxAgents": ctx.args.max_agents}
-    session = _session(
-        ctx.client().post(
-            "/session/start", {key: value for key, value in body.items() if value is not None}
-        )
-    )
+    client = ctx.client()
+    body = session_body(ctx.args)
+    before = int(client.get("/state")["daemon"]["lastEventId"]) if ctx.args.no_budget else 0
+    session = render.parse_wire(SessionState, client.post("/session/start", body), what="a session")
     base = f"on {session.feature_branch}" if session.feature_branch else "from HEAD"
+    budget = (
+        "no budget cap"
+        if session.budget_usd is None
+        else f"budget {render.money(session.budget_usd)}"
+    )
     print(
         f"session started {base}"
-        f" with up to {session.max_agents} agent{'s' if session.max_agents != 1 else ''}"
+        f" with up to {session.max_agents} agent{'s' if session.max_agents != 1 else ''},"
+        f" {budget}"
     )
+    if session.budget_usd is None:
+        # The daemon logs its warning as an event; a session that was already running on
+        # this branch is changed in place without one, so fall back to saying it ourselves.
+        warnings = _unbudgeted_warnings(client, after=before) if ctx.args.no_budget else []
+        for warning in warnings or [UNBUDGETED]:
+            ctx.note(f"warning: {warning}")
     return EXIT_OK
 
 
@@ -84,7 +145,9 @@ SESSION = group(
             help="start handing ready tasks to agents",
             description="Start a session: ready tasks are started in priority order, each by an"
             " agent in its own worktree on branch grid/<task-id> from the feature branch, with"
-            " at most --max-agents running at once. Starting again changes --max-agents.",
+            " at most --max-agents running at once, until the session's spending reaches"
+            " --budget (then it stops with reason budget_exhausted). Starting again on the"
+            " same branch changes --max-agents and the budget.",
             build=build_session_start,
             run=run_session_start,
         ),
@@ -115,13 +178,7 @@ def run_agents(ctx: Context) -> int:
     if ctx.args.json:
         print(json.dumps(data, indent=2))
         return EXIT_OK
-    try:
-        agents = [Agent.model_validate(item) for item in data]
-    except ValidationError as exc:
-        raise GriddError(
-            f"the daemon sent an agent this gridctl does not understand: {exc.errors()[0]['msg']}",
-            code="bad_response",
-        ) from None
+    agents = [render.parse_wire(Agent, item) for item in data]
     agents.sort(key=lambda a: a.started_at)
     empty = "no agents" if ctx.args.all else "no running agents (--all shows exited ones)"
     Console(highlight=False).print(render.agents_table(agents, empty=empty))
@@ -130,8 +187,9 @@ def run_agents(ctx: Context) -> int:
 
 AGENTS = Command(
     help="list running agents (--all: also exited ones)",
-    description="List agents: id, task, profile, status (and exit code), pid, how long they"
-    " have run and their last line of output.",
+    description="List agents: id, task (and session number), profile, status (exit code, how"
+    " long a waiting agent has waited, stalled), pid, how long they have run, cost, what they"
+    " are doing (their heartbeat's activity and message) and their last line of output.",
     build=build_agents,
     run=run_agents,
 )

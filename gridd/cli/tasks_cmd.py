@@ -10,12 +10,11 @@ import argparse
 import json
 from typing import Any
 
-from pydantic import ValidationError
 from rich.console import Console
 
-from gridd.cli import render
+from gridd.cli import render_tasks
 from gridd.cli.context import EXIT_OK, Command, Context, group, positive_int, segment
-from gridd.errors import GriddError
+from gridd.cli.render import parse_wire
 from gridd.model import Agent, Task, TaskStatus
 
 
@@ -33,17 +32,6 @@ def _seconds(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
     return value
-
-
-def _wire(data: Any, model: type[Task] | type[Agent]) -> Any:
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise GriddError(
-            f"the daemon sent a {model.__name__.lower()} this gridctl does not understand:"
-            f" {exc.errors()[0]['msg']}",
-            code="bad_response",
-        ) from None
 
 
 def _console() -> Console:
@@ -126,7 +114,7 @@ def task_spec(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_add(ctx: Context) -> int:
-    task = _wire(ctx.client().post("/tasks", task_spec(ctx.args)), Task)
+    task = parse_wire(Task, ctx.client().post("/tasks", task_spec(ctx.args)))
     if ctx.args.quiet:
         print(task.id)
     else:
@@ -165,8 +153,8 @@ def run_list(ctx: Context) -> int:
     if ctx.args.json:
         print(json.dumps(data, indent=2))
         return EXIT_OK
-    tasks = [_wire(item, Task) for item in data]
-    _console().print(render.task_table(tasks))
+    tasks = [parse_wire(Task, item) for item in data]
+    _console().print(render_tasks.task_table(tasks))
     return EXIT_OK
 
 
@@ -181,9 +169,9 @@ def run_show(ctx: Context) -> int:
     if ctx.args.json:
         print(json.dumps(data, indent=2))
         return EXIT_OK
-    task = _wire(data, Task)
-    agents = [_wire(a, Agent) for a in client.get("/agents", params={"all": "1"})]
-    _console().print(render.task_detail(task, [a for a in agents if a.task_id == task.id]))
+    task = parse_wire(Task, data)
+    agents = [parse_wire(Agent, a) for a in client.get("/agents", params={"all": "1"})]
+    _console().print(render_tasks.task_detail(task, [a for a in agents if a.task_id == task.id]))
     return EXIT_OK
 
 
@@ -199,7 +187,7 @@ def _transition(method: str, suffix: str, *, done: str, help: str, description: 
 
     def run(ctx: Context) -> int:
         path = f"/tasks/{segment(ctx.args.task_id)}{suffix}"
-        task = _wire(ctx.client().request(method, path), Task)
+        task = parse_wire(Task, ctx.client().request(method, path))
         print(f"task {task.id} {done}: now {task.status.value}")
         return EXIT_OK
 
@@ -217,13 +205,15 @@ TASK = group(
             run=run_add,
         ),
         "list": Command(
-            help="list tasks: id, status, priority, dependencies, agent, attempts, branch",
+            help="list tasks: id, status, priority, dependencies, agent, attempts, sessions,"
+            " cost, branch",
             description="List tasks in a table (or as JSON), optionally only some statuses.",
             build=build_list,
             run=run_list,
         ),
         "show": Command(
-            help="show every field of one task, its changed files, error and agents",
+            help="show every field of one task (sessions, cost, waiting), its changed files,"
+            " error and agents",
             build=build_show,
             run=run_show,
         ),

@@ -18,7 +18,7 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
-from gridd.cli import render
+from gridd.cli import render, render_tasks
 from gridd.cli.context import EXIT_OK, Context
 from gridd.cli.events_cmd import RECONNECT_TIMEOUT, stream_events
 from gridd.client import GridClient
@@ -95,7 +95,7 @@ class _StateReader:
 def _view(state: RepoState, *, away: bool, until_idle: bool) -> RenderableType:
     parts: list[RenderableType] = [render.status_view(state)]
     if 0 < len(state.tasks) <= TASK_ROWS:
-        parts += [Text(""), render.task_table(state.tasks)]
+        parts += [Text(""), render_tasks.task_table(state.tasks)]
     if away:
         parts.append(Text("the daemon is not answering; retrying", style="bold yellow"))
     hint = "until nothing can move without you" if until_idle else "Ctrl-C to quit"

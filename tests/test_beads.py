@@ -86,7 +86,9 @@ def test_beads_are_claimed_before_spawn_and_a_lost_claim_spawns_nothing(repo: Pa
             )
 
         wait_for(settled, timeout=60, message="beads worked and the race lost")
-        spawned = [e.data["taskId"] for e in c.events(since=0, types=["agent.spawned"], read_timeout=1)]
+        spawned = [
+            e.data["taskId"] for e in c.events(since=0, types=["agent.spawned"], read_timeout=1)
+        ]
         assert sorted(spawned) == ["bd-1", "bd-2"]
         calls = bd_calls(repo)
         claims = [call[1] for call in calls if call[:1] == ["update"] and "--claim" in call]

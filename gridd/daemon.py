@@ -29,9 +29,10 @@ from pathlib import Path
 
 import uvicorn
 
+from gridd.adapters.registry import get_adapter
 from gridd.api import create_app
 from gridd.api.protocol import gridd_protocol
-from gridd.errors import AlreadyRunning, GriddError, WorkspaceError
+from gridd.errors import AlreadyRunning, ConfigError, GriddError, WorkspaceError
 from gridd.service import Grid
 from gridd.settings import Settings, load_settings
 from gridd.store import Store
@@ -125,6 +126,22 @@ def bind_socket(path: Path, *, backlog: int = 128) -> socket.socket:
     sock.listen(backlog)
     sock.setblocking(False)
     return sock
+
+
+# -- configuration that needs more than pydantic ----------------------------------------------
+
+
+def check_profiles(settings: Settings, *, source: str) -> None:
+    """Every agent profile's adapter and its options, checked before anything starts."""
+    for name, profile in settings.profiles().items():
+        try:
+            get_adapter(profile.adapter, options=profile.adapter_options)
+        except GriddError as exc:
+            key = f"agents.{name}.adapter"
+            raise ConfigError(
+                f"{source}: invalid value for '{key}': {exc.message}",
+                details={"source": source, "problems": [{"key": key, "problem": exc.message}]},
+            ) from None
 
 
 # -- logging ----------------------------------------------------------------------------------
@@ -265,6 +282,7 @@ def run(workspace: Path | None = None) -> int:
     logging_ready = False
     try:
         settings = load_settings(ws.config_path)
+        check_profiles(settings, source=str(ws.config_path))
         setup_logging(ws, settings)
         logging_ready = True
         store = Store.open(ws.db_path)

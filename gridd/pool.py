@@ -36,6 +36,8 @@ from gridd.worktrees import Worktrees
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.02
+QUIET_POLL_SECONDS = 0.05
+QUIET_AFTER_SECONDS = 2.0
 LIVENESS_SECONDS = 0.5
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
@@ -356,7 +358,12 @@ class AgentPool:
                     await self.on_exit(agent_id, status, run)
                 return
             self._check_health(agent_id, run)
-            await asyncio.sleep(0 if polled.chunks else POLL_SECONDS)
+            if polled.chunks:
+                await asyncio.sleep(0)
+            else:
+                # Quiet agents are looked at less often: polling is the daemon's idle cost.
+                quiet = run.last_life is None or now - run.last_life > QUIET_AFTER_SECONDS
+                await asyncio.sleep(QUIET_POLL_SECONDS if quiet else POLL_SECONDS)
 
     def _orphaned(self, agent_id: str, handle: AgentProcess, run: RunWatch) -> ExitStatus | None:
         """The shim is gone without a readable exit record. While the agent itself still

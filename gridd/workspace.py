@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from gridd.errors import WorkspaceError
 
 #: sun_path is 108 bytes on Linux (104 on macOS) including the terminating NUL.
-SOCKET_PATH_MAX = 107
+SOCKET_PATH_MAX = 103 if sys.platform == "darwin" else 107
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import pytest
 
 from gridd.errors import ConfigError
 from gridd.settings import Settings, load_settings, parse_settings
+from tests.helpers import run_gridd, write_config
 
 
 def test_missing_config_file_means_documented_defaults(tmp_path: Path) -> None:
@@ -86,3 +87,12 @@ def test_settings_are_immutable_once_built() -> None:
     settings = Settings()
     with pytest.raises(ValueError):
         settings.events.retain = 5  # type: ignore[misc]
+
+
+def test_an_unknown_adapter_stops_the_daemon_naming_the_profile_key(repo: Path) -> None:
+    write_config(repo, '[agents.odd]\ncommand = ["true"]\nadapter = "nope"\n')
+    proc = run_gridd(repo)
+    assert proc.returncode == 1
+    assert "agents.odd.adapter" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (repo / ".grid" / "gridd.sock").exists()

@@ -123,7 +123,10 @@ class AgentProcess:
         """
         run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         spec = {"argv": argv, "cwd": str(cwd), "env": env, "stdin": stdin}
-        (run_dir / "spec.json").write_text(json.dumps(spec))
+        # 0600: the spec holds the agent's whole environment, API keys included.
+        fd = os.open(run_dir / "spec.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(spec))
         with open(run_dir / "shim.log", "ab") as log:
             launcher = subprocess.Popen(
                 [sys.executable, "-I", "-S", str(SHIM_PATH), str(run_dir), "--detach"],

@@ -214,7 +214,7 @@ class Finisher:
             )
         elif isinstance(outcome, Completed):
             await self._commit(agent, f"gridd: {task.id}: {task.title}")
-            base = await self.worktrees.base_of(task.branch or "")
+            base = task.base_commit or await self.worktrees.base_of(task.branch or "")
             changed = await self.worktrees.changed_files(Path(agent.worktree_path), base)
             agent = self._settle(agent, *ended)
             self.state.update_task(

@@ -61,6 +61,7 @@ class Task(WireModel):
     attempts: int = 0
     source: str = "native"
     branch: str | None = None
+    base_commit: str | None = None  # where the branch started: changedFiles are against it
     worktree: str | None = None
     error: str | None = None
     changed_files: list[str] = Field(default_factory=list)

@@ -136,7 +136,9 @@ class AgentPool:
         adapter = get_adapter(profile.adapter, options=profile.adapter_options)
         session = self.state.session
         base_branch = session.feature_branch if session.started else None
-        worktree = await self.worktrees.create(task_id, base_branch)
+        worktree = await self.worktrees.create(
+            task_id, base_branch, known_base=first.base_commit if first.branch else None
+        )
         task = self.state.tasks.get(task_id)
         if task is None or task.status != TaskStatus.WORKING:
             return  # stopped or cancelled while the worktree was being made
@@ -174,6 +176,7 @@ class AgentPool:
             attempts=attempt,
             sessions=session_number,
             branch=worktree.branch,
+            base_commit=worktree.base,
             worktree=str(worktree.path),
             error=None,
         )

@@ -107,30 +107,52 @@ class Worktrees:
 
     async def ensure_branch(self, branch: str) -> str:
         """The commit of ``branch``, creating it from HEAD when missing."""
-        if not await self.branch_exists(branch):
-            head = await self.head_commit("HEAD")
-            await git(self.root, "update-ref", f"refs/heads/{branch}", head, "")
-            log.info("created branch %s at %s", branch, head[:12])
-        return await self.head_commit(f"refs/heads/{branch}")
+        res = await git(
+            self.root,
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            f"refs/heads/{branch}^{{commit}}",
+            check=False,
+        )
+        if res.code == 0:
+            return res.out.strip()
+        head = await self.head_commit("HEAD")
+        await git(self.root, "update-ref", f"refs/heads/{branch}", head, "")
+        log.info("created branch %s at %s", branch, head[:12])
+        return head
 
-    async def create(self, task_id: str, base_branch: str | None) -> Worktree:
-        """The task's worktree on ``grid/<task-id>``, created or reused."""
+    async def create(
+        self, task_id: str, base_branch: str | None, *, known_base: str | None = None
+    ) -> Worktree:
+        """The task's worktree on ``grid/<task-id>``, created or reused.
+
+        ``known_base``: the commit the task's branch started from, when the task already has
+        one; a worktree still in place is then reused without asking git anything.
+        """
         path = self.dir / task_id
         branch = task_branch(task_id)
-        if await self.branch_exists(branch):
-            base = await self.base_of(branch)
-            if not (path / ".git").exists():
-                await git(self.root, "worktree", "prune")
-                await git(self.root, "worktree", "add", "--", str(path), branch)
-            return Worktree(task_id, path, branch, base)
-        base_ref = f"refs/heads/{base_branch}" if base_branch else "HEAD"
-        if base_branch:
-            await self.ensure_branch(base_branch)
-        base = await self.head_commit(base_ref)
-        if path.exists() and not any(path.iterdir()):
-            path.rmdir()
-        await git(self.root, "worktree", "add", "-b", branch, "--", str(path), base)
-        await git(self.root, "config", f"branch.{branch}.gridBase", base)
+        if known_base is not None and (path / ".git").exists():
+            return Worktree(task_id, path, branch, known_base)
+        if known_base is None:
+            base = await (self.ensure_branch(base_branch) if base_branch else self.head_commit())
+            if path.exists() and not any(path.iterdir()):
+                path.rmdir()
+            res = await git(
+                self.root, "worktree", "add", "-b", branch, "--", str(path), base, check=False
+            )
+            if res.code == 0:
+                return Worktree(task_id, path, branch, base)
+            if not await self.branch_exists(branch):
+                raise GitError(
+                    f"git worktree add failed: {res.err.strip() or res.out.strip()}",
+                    details={"exitCode": res.code, "path": str(path)},
+                )
+            # The branch outlived what we knew of it (e.g. a quarantined database): reuse it.
+        base = known_base or await self.base_of(branch)
+        if not (path / ".git").exists():
+            await git(self.root, "worktree", "prune")
+            await git(self.root, "worktree", "add", "--", str(path), branch)
         return Worktree(task_id, path, branch, base)
 
     async def base_of(self, branch: str) -> str:

@@ -273,3 +273,19 @@ def test_a_task_continues_over_sessions_with_the_summary_until_max_sessions(
         assert [s.data["session"] for s in spawned if s.data["taskId"] == task_id] == list(
             range(1, count + 1)
         )
+
+
+def test_a_command_that_does_not_exist_blocks_its_task_at_once_with_the_reason(
+    repo: Path,
+) -> None:
+    write_core_config(
+        repo, agents={"ghost": {"command": ["gridd-no-such-command-xyz", "{prompt}"]}}
+    )
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        c.post("/tasks", {"id": "ghost", "title": "never runs", "agent": "ghost"})
+        c.post("/tasks/ghost/start")
+        task = wait_task_status(c, "ghost", "blocked", timeout=30)
+        assert "cannot start the agent command" in str(task["error"])
+        assert "gridd-no-such-command-xyz" in str(task["error"])
+        assert len(event_log(c, types={"agent.spawned"})) == 1  # no retry storm

@@ -10,6 +10,7 @@ import asyncio
 import errno
 import fcntl
 import json
+import marshal
 import os
 import signal
 import struct
@@ -74,6 +75,12 @@ def _same_process(pid: int | None, create_time: float | None) -> bool:
         return False
 
 
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
 def _pipe_room(fd: int) -> int | None:
     """Free bytes in the pipe behind ``fd`` (Linux), or None where the OS cannot say."""
     size_op = getattr(fcntl, "F_GETPIPE_SZ", None)
@@ -123,10 +130,12 @@ class AgentProcess:
         """
         run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         spec = {"argv": argv, "cwd": str(cwd), "env": env, "stdin": stdin}
-        # 0600: the spec holds the agent's whole environment, API keys included.
-        fd = os.open(run_dir / "spec.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(spec))
+        # 0600: the spec holds the agent's whole environment, API keys included. The shim
+        # reads the marshal form (no json import at its start-up); spec.json is for people,
+        # with the environment's names only.
+        _write_private(run_dir / "spec.marshal", marshal.dumps(spec))
+        readable = {**spec, "env": sorted(env)}
+        _write_private(run_dir / "spec.json", json.dumps(readable, indent=1).encode())
         with open(run_dir / "shim.log", "ab") as log:
             launcher = subprocess.Popen(
                 [sys.executable, "-I", "-S", str(SHIM_PATH), str(run_dir), "--detach"],

@@ -20,7 +20,7 @@ from pathlib import Path
 from gridd.adapters import base
 from gridd.adapters.registry import get_adapter
 from gridd.agents.output import OutputLog
-from gridd.agents.process import AgentProcess, ExitStatus
+from gridd.agents.process import AgentProcess, ExitStatus, ShimStarter
 from gridd.agents.watch import Poll, RunWatch
 from gridd.background import Background
 from gridd.errors import Conflict, GriddError
@@ -88,6 +88,7 @@ class AgentPool:
         self.questions = questions
         self.environ = dict(environ)
         self.handles: dict[str, AgentProcess] = {}
+        self.shims = ShimStarter(workspace.runs_dir / "spare-shim.log")
         self.runs: dict[str, RunWatch] = {}
         self.started_mono: dict[str, float] = {}
         self.starting: set[str] = set()
@@ -193,7 +194,12 @@ class AgentPool:
         self.state.put_agent(agent)
         try:
             handle = await AgentProcess.spawn(
-                run_dir, argv=argv, cwd=worktree.path, env=env, stdin=profile.stdin
+                run_dir,
+                argv=argv,
+                cwd=worktree.path,
+                env=env,
+                stdin=profile.stdin,
+                starter=self.shims,
             )
         except GriddError as exc:
             self.state.update_agent(

@@ -127,6 +127,7 @@ class Grid:
         await self.worktrees.setup()
         self.workspace.runs_dir.mkdir(mode=0o700, exist_ok=True)
         await recover(state=self.state, pool=self.pool, worktrees=self.worktrees, bus=self.bus)
+        self.pool.shims.start()
         if self.beads.enabled():
             self.scheduler.more_work_may_arrive = True
             self.pool.claimers[BEADS] = self.beads.claim
@@ -142,6 +143,7 @@ class Grid:
     async def stop(self) -> None:
         """End live streams and background work; the caller closes the store afterwards."""
         await self.notifier.stop()
+        self.pool.shims.close()
         if not self.bus.closed:
             self.bus.publish("daemon.stopping", {"pid": os.getpid()})
             self.bus.close()

@@ -75,6 +75,135 @@ def _same_process(pid: int | None, create_time: float | None) -> bool:
         return False
 
 
+class _Shim:
+    """A shim process started (detached) and waiting for the run directory it will serve.
+
+    ``go``: we write the run directory to it and close; EOF with nothing written (the
+    daemon went away) makes a waiting shim exit. ``ready``: it closes its end when the agent
+    runs. Not ``asyncio.create_subprocess_exec``: asyncio kills a child whose transport is
+    closed or collected, which would take the shim down with the daemon.
+    """
+
+    def __init__(self, launcher: subprocess.Popen[bytes], go_w: int, ready_r: int) -> None:
+        self.launcher = launcher
+        self.go_w: int | None = go_w
+        self.ready_r: int = ready_r
+
+    @classmethod
+    def launch(cls, log_path: Path) -> _Shim:
+        go_r, go_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        try:
+            with open(log_path, "ab") as log:
+                launcher = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-I",
+                        "-S",
+                        str(SHIM_PATH),
+                        "-",
+                        "--detach",
+                        f"--go-fd={go_r}",
+                        f"--ready-fd={ready_w}",
+                    ],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    start_new_session=True,
+                    close_fds=True,
+                    pass_fds=(go_r, ready_w),
+                )
+        except BaseException:
+            for fd in (go_w, ready_r):
+                os.close(fd)
+            raise
+        finally:
+            os.close(go_r)
+            os.close(ready_w)
+        return cls(launcher, go_w, ready_r)
+
+    def go(self, run_dir: Path) -> None:
+        assert self.go_w is not None
+        try:
+            os.write(self.go_w, f"{run_dir}\n".encode())
+        finally:
+            os.close(self.go_w)
+            self.go_w = None
+
+    def close(self) -> None:
+        """Release our ends; a shim still waiting for its run directory then exits."""
+        if self.go_w is not None:
+            os.close(self.go_w)
+            self.go_w = None
+        if self.ready_r >= 0:
+            os.close(self.ready_r)
+            self.ready_r = -1
+
+    async def reap_launcher(self) -> None:
+        """The launcher exits right after forking the shim: collect it (no zombie)."""
+        for _ in range(200):
+            if self.launcher.poll() is not None:
+                return
+            await asyncio.sleep(0.005)
+        self.launcher.kill()
+        self.launcher.wait()
+
+
+class ShimStarter:
+    """Keeps one shim started ahead of need, so a spawn does not wait for an interpreter
+    to start (the largest part of spawn latency). A spare costs one idle process."""
+
+    def __init__(self, spare_log: Path) -> None:
+        self.spare_log = spare_log
+        self._spare: _Shim | None = None
+        self._closed = False
+
+    def take(self) -> _Shim | None:
+        spare, self._spare = self._spare, None
+        if not self._closed:
+            asyncio.get_running_loop().call_soon(self._replenish)
+        return spare
+
+    def _replenish(self) -> None:
+        if self._spare is not None or self._closed:
+            return
+        try:
+            self._spare = _Shim.launch(self.spare_log)
+        except OSError:
+            self._spare = None  # spawns then start their own shim, a little slower
+            return
+        asyncio.get_running_loop().create_task(self._spare.reap_launcher())
+
+    def start(self) -> None:
+        self._replenish()
+
+    def close(self) -> None:
+        self._closed = True
+        if self._spare is not None:
+            self._spare.close()
+            self._spare.launcher.poll()
+            self._spare = None
+
+
+async def _until_eof(loop: asyncio.AbstractEventLoop, fd: int) -> None:
+    done: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        try:
+            data = os.read(fd, 64)
+        except BlockingIOError:
+            return
+        if not data and not done.done():
+            done.set_result(None)
+
+    os.set_blocking(fd, False)
+    loop.add_reader(fd, readable)
+    try:
+        await done
+    finally:
+        loop.remove_reader(fd)
+
+
 def _write_private(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as fh:
@@ -122,12 +251,10 @@ class AgentProcess:
         env: dict[str, str],
         stdin: str = "pipe",
         timeout: float = 10.0,
+        starter: ShimStarter | None = None,
     ) -> AgentProcess:
-        """Start the shim fully detached (it double-forks) and wait until the agent runs.
-
-        Not ``asyncio.create_subprocess_exec``: asyncio kills a child whose transport is
-        closed or collected, which would take the shim down with the daemon.
-        """
+        """Hand the run to a shim (a spare one already started, when ``starter`` has it)
+        and wait until the agent runs."""
         run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         spec = {"argv": argv, "cwd": str(cwd), "env": env, "stdin": stdin}
         # 0600: the spec holds the agent's whole environment, API keys included. The shim
@@ -136,23 +263,19 @@ class AgentProcess:
         _write_private(run_dir / "spec.marshal", marshal.dumps(spec))
         readable = {**spec, "env": sorted(env)}
         _write_private(run_dir / "spec.json", json.dumps(readable, indent=1).encode())
-        with open(run_dir / "shim.log", "ab") as log:
-            launcher = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(SHIM_PATH), str(run_dir), "--detach"],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,
-                close_fds=True,
-            )
+        shim = (starter.take() if starter else None) or _Shim.launch(run_dir / "shim.log")
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while launcher.poll() is None:  # exits as soon as the shim has forked
-            if loop.time() > deadline:
-                launcher.kill()
-                launcher.wait()
-                break
-            await asyncio.sleep(0.002)
+        try:
+            shim.go(run_dir)
+            # The shim closes its end of the ready pipe once agent.json (or exit.json) is
+            # written: EOF wakes us at that instant, with no polling.
+            await asyncio.wait_for(_until_eof(loop, shim.ready_r), timeout)
+        except TimeoutError:
+            pass  # judged below from what the shim wrote
+        finally:
+            shim.close()
+        await shim.reap_launcher()
+        deadline = loop.time() + 0.5
         handle = cls(run_dir, None, None)
         while True:
             info = read_json(run_dir / "agent.json")
@@ -164,7 +287,7 @@ class AgentProcess:
                 return handle
             if (run_dir / "exit.json").exists():
                 return handle  # the command could not even start; exit.json says why
-            if loop.time() > deadline or launcher.returncode not in (0, None):
+            if loop.time() > deadline or shim.launcher.returncode not in (0, None):
                 log_text = (run_dir / "shim.log").read_text(errors="replace")[-2000:]
                 raise SpawnError(
                     f"agent supervisor did not start the agent: {log_text.strip() or 'no output'}",

@@ -121,7 +121,29 @@ def _spawn(spec: dict[str, object], stdin: int, out: int) -> int:
     return pid
 
 
-def main(run_dir: str) -> int:
+_ready: list[int] = []  # our end of the daemon's "it is running" pipe, until released
+
+
+def main(run_dir: str, ready_fd: int | None = None) -> int:
+    if ready_fd is not None:
+        _ready.append(ready_fd)
+    try:
+        return _run(run_dir)
+    finally:
+        _release()
+
+
+def _release() -> None:
+    """Tell the daemon (by closing our end of its pipe) that agent.json or exit.json is in.
+    Once only: a second close could hit an unrelated file that reused the number."""
+    while _ready:
+        try:
+            os.close(_ready.pop())
+        except OSError:
+            pass
+
+
+def _run(run_dir: str) -> int:
     with open(os.path.join(run_dir, "spec.marshal"), "rb") as fh:
         spec = marshal.load(fh)
     out = os.open(
@@ -152,6 +174,7 @@ def main(run_dir: str) -> int:
         {"pid": pid, "shimPid": os.getpid(), "startedAt": time.time()},
         durable=False,  # if the machine goes down, the agent goes with it
     )
+    _release()
 
     def forward(signum: int, _frame: object) -> None:
         try:
@@ -176,7 +199,36 @@ def main(run_dir: str) -> int:
     return 0
 
 
+def _await_run_dir(go_fd: int) -> str:
+    """A shim started ahead of need: wait for the daemon to name the run directory, then
+    log there. Nothing but EOF (the daemon is gone, or shut down) means: not needed."""
+    data = b""
+    while chunk := os.read(go_fd, 4096):
+        data += chunk
+    os.close(go_fd)
+    run_dir = data.decode(errors="replace").strip()
+    if run_dir:
+        log = os.open(
+            os.path.join(run_dir, "shim.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600
+        )
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+    return run_dir
+
+
+def _fd_option(options: list[str], name: str) -> int | None:
+    prefix = f"--{name}="
+    return next((int(o[len(prefix) :]) for o in options if o.startswith(prefix)), None)
+
+
 if __name__ == "__main__":
-    if "--detach" in sys.argv[2:] and os.fork() > 0:
+    options = sys.argv[2:]
+    ready = _fd_option(options, "ready-fd")
+    go = _fd_option(options, "go-fd")
+    if "--detach" in options and os.fork() > 0:
         os._exit(0)  # the launcher returns at once; the shim lives on, owned by init
-    sys.exit(main(sys.argv[1]))
+    target = _await_run_dir(go) if go is not None else sys.argv[1]
+    if not target:
+        sys.exit(0)
+    sys.exit(main(target, ready))

@@ -19,26 +19,55 @@ from gridd.store import Store
 log = logging.getLogger(__name__)
 
 
+DEFAULT_MAX_BYTES = 32 * 1024 * 1024
+
+
+def _size(event: Event) -> int:
+    """Roughly what a queued event holds, by its encoded payload."""
+    return event._nbytes
+
+
 class Subscriber:
     """One live consumer of the bus (an SSE stream, a test, the CLI's follower)."""
 
-    def __init__(self, *, types: frozenset[str] | None, maxsize: int, after: int) -> None:
+    def __init__(
+        self,
+        *,
+        types: frozenset[str] | None,
+        maxsize: int,
+        after: int,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
         self.types = types
         self.after = after  # events with id <= after were already replayed from the log
         self.queue: asyncio.Queue[Event | None] = asyncio.Queue(maxsize)
         self.dropped = False
         self.closed = False
+        # Bounded in bytes as well as in events: 4,096 queued 64 KiB output chunks would
+        # otherwise hold a quarter of a gigabyte for one slow client.
+        self.max_bytes = max_bytes
+        self.queued_bytes = 0
 
     def wants(self, event: Event) -> bool:
         return self.types is None or event.type in self.types
 
     def _offer(self, event: Event) -> bool:
+        size = _size(event)
+        if self.queued_bytes + size > self.max_bytes and not self.queue.empty():
+            self.dropped = True
+            return False
         try:
             self.queue.put_nowait(event)
         except asyncio.QueueFull:
             self.dropped = True
             return False
+        self.queued_bytes += size
         return True
+
+    def _taken(self, item: Event | None) -> Event | None:
+        if item is not None:
+            self.queued_bytes -= _size(item)
+        return item
 
     def _close(self) -> None:
         self.closed = True
@@ -57,11 +86,11 @@ class Subscriber:
             return None
         if self.closed:
             try:
-                return self.queue.get_nowait()
+                return self._taken(self.queue.get_nowait())
             except asyncio.QueueEmpty:
                 return None
         try:
-            item = await asyncio.wait_for(self.queue.get(), timeout)
+            item = self._taken(await asyncio.wait_for(self.queue.get(), timeout))
         except TimeoutError:
             return None
         if item is None or self.dropped:
@@ -80,7 +109,7 @@ class Subscriber:
         queue = self.queue
         if queue.empty() and not self.closed:
             try:
-                first = await asyncio.wait_for(queue.get(), timeout)
+                first = self._taken(await asyncio.wait_for(queue.get(), timeout))
             except TimeoutError:
                 return []
             if first is None or self.dropped:
@@ -88,7 +117,7 @@ class Subscriber:
             batch.append(first)
         while len(batch) < limit:
             try:
-                item = queue.get_nowait()
+                item = self._taken(queue.get_nowait())
             except asyncio.QueueEmpty:
                 break
             if item is None:
@@ -107,9 +136,12 @@ class Subscriber:
 class EventBus:
     """Append-then-publish. Also wakes internal listeners (the scheduler) on every event."""
 
-    def __init__(self, store: Store, *, queue_size: int) -> None:
+    def __init__(
+        self, store: Store, *, queue_size: int, queue_bytes: int = DEFAULT_MAX_BYTES
+    ) -> None:
         self._store = store
         self._queue_size = queue_size
+        self._queue_bytes = queue_bytes
         self._subscribers: set[Subscriber] = set()
         self._listeners: list[Callable[[Event], None]] = []
         self._closed = False
@@ -147,6 +179,7 @@ class EventBus:
         sub = Subscriber(
             types=frozenset(types) if types else None,
             maxsize=self._queue_size,
+            max_bytes=self._queue_bytes,
             after=self.last_id if after is None else after,
         )
         if self._closed:

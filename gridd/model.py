@@ -194,6 +194,7 @@ class Event(WireModel):
     # Encodings computed once and shared by every stream that sends this event.
     _json: str | None = PrivateAttr(default=None)
     _sse: bytes | None = PrivateAttr(default=None)
+    _nbytes: int = PrivateAttr(default=256)  # the encoded payload's size, for queue budgets
 
 
 class VersionInfo(WireModel):

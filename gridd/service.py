@@ -51,7 +51,11 @@ class Grid:
         self.workspace = workspace
         self.settings = settings
         self.store = store
-        self.bus = EventBus(store, queue_size=settings.events.subscriber_queue)
+        self.bus = EventBus(
+            store,
+            queue_size=settings.events.subscriber_queue,
+            queue_bytes=settings.events.subscriber_bytes,
+        )
         self.background = Background()
         self.started_at = utcnow()
         self._started_mono = time.monotonic()

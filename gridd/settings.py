@@ -42,6 +42,11 @@ class EventSettings(_Section):
     subscriber_queue: int = Field(
         default=4096, ge=16, description="Events buffered per SSE client before it is dropped"
     )
+    subscriber_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        ge=64 * 1024,
+        description="Bytes of events buffered per SSE client before it is dropped",
+    )
     send_timeout_seconds: float = Field(
         default=10.0,
         gt=0,

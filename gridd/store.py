@@ -183,6 +183,7 @@ class Store:
         assert event_id is not None
         event = Event(id=event_id, type=type_, data=data, ts=ts)
         event._json = payload
+        event._nbytes = len(payload)
         return event
 
     def events_after(
@@ -207,6 +208,7 @@ class Store:
                 id=r[0], type=r[1], data=json.loads(r[2]), ts=datetime.fromisoformat(r[3])
             )
             event._json = r[2]
+            event._nbytes = len(r[2])
             events.append(event)
         return events
 

@@ -466,3 +466,14 @@ async def test_frozen_live_client_is_dropped_and_disconnected_while_another_gets
             finally:
                 follower.cancel()
                 frozen.close()
+
+
+async def test_a_subscriber_is_dropped_by_bytes_queued_not_only_by_count(store: Store) -> None:
+    bus = EventBus(store, queue_size=10_000, queue_bytes=256 * 1024)
+    slow = bus.subscribe()
+    chunk = "x" * 64 * 1024
+    for n in range(10):
+        bus.publish("agent.output", {"agentId": "a", "chunk": chunk, "seq": n})
+    assert slow.dropped  # ~640 KiB would have been held for it
+    assert slow.queued_bytes <= 256 * 1024
+    assert bus.subscriber_count == 0

@@ -45,6 +45,7 @@ def encoded(event: Event) -> bytes:
         # CRLF, as sse-starlette writes its own events (snapshots, pings).
         cached = f"id: {event.id}\r\nevent: {event.type}\r\ndata: {data}\r\n\r\n".encode()
         event._sse = cached
+        event._json = None  # the encoded form replaces it: one copy of a 64 KiB chunk, not two
     return cached
 
 

@@ -23,6 +23,17 @@ Adding a benchmark (the pattern every module here follows):
 from __future__ import annotations
 
 #: Run order; each name is a module ``bench.bench_<name>``.
-BENCHMARKS: list[str] = ["cold_start", "idle", "health_rps", "sse_fanout", "spawn", "throughput"]
+BENCHMARKS: list[str] = [
+    "cold_start",
+    "idle",
+    "health_rps",
+    "sse_fanout",
+    "spawn",
+    "throughput",
+    "scale",
+    "output",
+    "durability",
+    "questions",
+]
 
 __all__ = ["BENCHMARKS"]

@@ -32,7 +32,7 @@ from gridd.adapters.base import (
     Signal,
 )
 from gridd.adapters.lines import LineSplitter
-from gridd.adapters.ratelimit import detect_rate_limit, parse_timestamp
+from gridd.adapters.ratelimit import LIMIT_WORD, detect_rate_limit, parse_timestamp
 from gridd.agents.heartbeat import Beat
 
 QUESTION_TYPES = frozenset(
@@ -53,11 +53,21 @@ class HeartbeatAdapter:
         self._counter = 0
         self._waiting: dict[str, tuple[str, tuple[str, ...]]] = {}  # key -> (question, options)
         self._used: set[str] = set()  # every key handed out: a repeated id is a stale repeat
+        self._tail = ""  # the end of the previous chunk: a word may span two chunks
 
     def initial_input(self, prompt: str) -> str | None:
         return None  # the prompt reaches a generic command through its argv ({prompt})
 
     def feed_output(self, text: str) -> list[Signal]:
+        # Plain output matters only for usage-limit notices, and every one says "limit":
+        # a chunk that cannot complete such a line is not split into lines at all (this
+        # was most of the daemon's work for an agent printing a lot).
+        window = self._tail + text
+        self._tail = text[-len(LIMIT_WORD) :]
+        partial = self._lines.partial if self._lines.partial_size < 4096 else LIMIT_WORD
+        if LIMIT_WORD not in window and LIMIT_WORD not in partial:
+            self._lines.skip(text)
+            return []
         return self._scan(self._lines.feed(text))
 
     def feed_eof(self) -> list[Signal]:

@@ -49,6 +49,18 @@ class LineSplitter:
         self.offset += len(text)
         return out
 
+    def skip(self, text: str) -> None:
+        """Consume ``text`` without producing its complete lines (the caller knows none of
+        them can matter); only the unfinished last line is kept, as ``feed`` would."""
+        end = text.rfind("\n")
+        if end >= 0:
+            self._pieces, self._size = [], 0
+            self._dropping, self._dropped = False, 0
+            self._append(text[end + 1 :])
+        else:
+            self._append(text)
+        self.offset += len(text)
+
     def flush(self) -> list[str | Overlong]:
         """The unfinished last line as a line (at end of stream), if there is one."""
         if not self._pieces and not self._dropping:

@@ -44,8 +44,14 @@ _MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct",
 MAX_LINE = 400  # the notices are short; longer lines are never notices
 
 
+#: Every notice below contains it; text without it is rejected before any regex runs.
+LIMIT_WORD = "limit"
+
+
 def detect_rate_limit(line: str, *, now: float | None = None) -> RateLimited | None:
     """A ``RateLimited`` when ``line`` is exactly a known usage-limit notice, else None."""
+    if LIMIT_WORD not in line:
+        return None
     text = line.strip()
     if not text or len(text) > MAX_LINE:
         return None

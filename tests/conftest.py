@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DaemonProc, make_repo, remove_repo, running_daemon
+from tests.helpers import DaemonProc, make_repo, remove_repo, running_daemon, stop_workspace
 
 
 @pytest.fixture
@@ -21,3 +21,13 @@ def daemon(repo: Path) -> Iterator[DaemonProc]:
     """A real gridd serving ``repo``; stopped with SIGTERM afterwards."""
     with running_daemon(repo) as d:
         yield d
+
+
+@pytest.fixture
+def ws(repo: Path) -> Iterator[Path]:
+    """A repository whose gridd (started by gridctl during the test) and agents are gone
+    afterwards."""
+    try:
+        yield repo
+    finally:
+        stop_workspace(repo)

@@ -707,3 +707,31 @@ def restartable_daemon(root: Path, **kwargs) -> Iterator[Restartable]:  # type: 
         yield handle
     finally:
         handle.close()
+
+
+def daemons_serving(root: Path) -> list[psutil.Process]:
+    """Live gridd processes whose command line names ``root``."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmdline = proc.info["cmdline"] or []
+        if (
+            proc.info["status"] != psutil.STATUS_ZOMBIE
+            and "gridd.cli.gridd_main" in cmdline
+            and str(root) in cmdline
+        ):
+            found.append(proc)
+    return found
+
+
+def stop_workspace(root: Path) -> None:
+    """Stop whatever a test started in ``root``: its daemon (politely, then not) and agents."""
+    subprocess.run(
+        [*GRIDCTL, "--workspace", str(root), "daemon", "stop"],
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    for proc in daemons_serving(root):
+        proc.kill()
+        proc.wait(5)
+    kill_workspace_agents(root)

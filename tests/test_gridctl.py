@@ -15,7 +15,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from gridd.model import (
     Task,
     TaskStatus,
 )
-from tests.helpers import GRIDCTL, DaemonProc, socket_answers, wait_for
+from tests.helpers import GRIDCTL, DaemonProc, daemons_serving, socket_answers, wait_for
 
 ENV = {**os.environ, "COLUMNS": "200"}
 
@@ -56,19 +55,6 @@ def gridctl(
     )
 
 
-def daemons_serving(root: Path) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        cmdline = proc.info["cmdline"] or []
-        if (
-            proc.info["status"] != psutil.STATUS_ZOMBIE
-            and "gridd.cli.gridd_main" in cmdline
-            and str(root) in cmdline
-        ):
-            found.append(proc)
-    return found
-
-
 def pid_file(root: Path) -> Path:
     return root / ".grid" / "gridd.pid"
 
@@ -79,18 +65,6 @@ def sock(root: Path) -> Path:
 
 def events_of(stdout: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stdout.splitlines() if line.strip()]
-
-
-@pytest.fixture
-def ws(repo: Path) -> Iterator[Path]:
-    """A repository whose gridd (if any test step started one) is stopped afterwards."""
-    try:
-        yield repo
-    finally:
-        gridctl(repo, "daemon", "stop")
-        for proc in daemons_serving(repo):
-            proc.kill()
-            proc.wait(5)
 
 
 def test_status_prints_a_readable_summary(daemon: DaemonProc) -> None:

@@ -15,7 +15,6 @@ import os
 import pty
 import re
 import subprocess
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -42,12 +41,11 @@ from gridd.model import (
 from tests.helpers import (
     GRIDCTL,
     agent_command,
+    daemons_serving,
     git_show,
-    kill_workspace_agents,
     wait_for,
     write_core_config,
 )
-from tests.test_gridctl_tasks import daemons_serving
 
 ENV = {**os.environ, "COLUMNS": "200"}
 ASKER = {"command": agent_command("ask_heartbeat.py", "Which color?", "red", "blue")}
@@ -110,19 +108,6 @@ def wait_statuses(root: Path, wanted: dict[str, str]) -> None:
         return {t["id"]: t["status"] for t in tasks} == wanted
 
     wait_for(check, timeout=30, interval=0.2, message=f"tasks {wanted}")
-
-
-@pytest.fixture
-def ws(repo: Path) -> Iterator[Path]:
-    """A repository whose gridd, started by gridctl, and agents are gone afterwards."""
-    try:
-        yield repo
-    finally:
-        gridctl(repo, "daemon", "stop")
-        for proc in daemons_serving(repo):
-            proc.kill()
-            proc.wait(5)
-        kill_workspace_agents(repo)
 
 
 # -- through the real daemon ---------------------------------------------------------------------

@@ -14,11 +14,9 @@ import re
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from gridd.cli import plan_cmd, render_tasks, watch
@@ -28,7 +26,7 @@ from gridd.model import DaemonInfo, RepoState, SessionState, Stats, Task, TaskSt
 from tests.helpers import (
     GRIDCTL,
     agent_command,
-    kill_workspace_agents,
+    daemons_serving,
     wait_for,
     write_core_config,
 )
@@ -125,37 +123,11 @@ class Background:
             self.proc.wait()
 
 
-def daemons_serving(root: Path) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        cmdline = proc.info["cmdline"] or []
-        if (
-            proc.info["status"] != psutil.STATUS_ZOMBIE
-            and "gridd.cli.gridd_main" in cmdline
-            and str(root) in cmdline
-        ):
-            found.append(proc)
-    return found
-
-
 def tasks_json(root: Path) -> list[dict[str, Any]]:
     result = gridctl(root, "task", "list", "--json")
     assert result.returncode == 0, result.stderr
     tasks: list[dict[str, Any]] = json.loads(result.stdout)
     return tasks
-
-
-@pytest.fixture
-def ws(repo: Path) -> Iterator[Path]:
-    """A repository whose gridd, started by gridctl, and agents are gone afterwards."""
-    try:
-        yield repo
-    finally:
-        gridctl(repo, "daemon", "stop")
-        for proc in daemons_serving(repo):
-            proc.kill()
-            proc.wait(5)
-        kill_workspace_agents(repo)
 
 
 # -- tasks ------------------------------------------------------------------------------------------

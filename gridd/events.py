@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 
 
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024
+REPLAY_PAGE = 100
 
 
 def _size(event: Event) -> int:
@@ -202,8 +203,10 @@ class EventBus:
         self._subscribers.clear()
 
     def replay(
-        self, since: int, *, types: Iterable[str] | None = None, limit: int = 500
+        self, since: int, *, types: Iterable[str] | None = None, limit: int = REPLAY_PAGE
     ) -> list[Event]:
+        """A page of the log after ``since``. Pages are small because an event may be a
+        64 KiB output chunk: a page lives three times over (row, dict, encoding)."""
         return self._store.events_after(since, types=types, limit=limit)
 
     def oldest_id(self) -> int:

@@ -13,6 +13,7 @@ import json
 import marshal
 import os
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -122,6 +123,10 @@ class _Shim:
             os.close(ready_w)
         return cls(launcher, go_w, ready_r)
 
+    @property
+    def failed(self) -> bool:
+        return self.launcher.returncode not in (0, None)
+
     def go(self, run_dir: Path) -> None:
         assert self.go_w is not None
         try:
@@ -149,20 +154,90 @@ class _Shim:
         self.launcher.wait()
 
 
+class _Forked:
+    """A shim the shim server forks for us: the same interface as ``_Shim``."""
+
+    launcher = None
+
+    def __init__(self, server: socket.socket) -> None:
+        self.server = server
+        self.ready_r, self._ready_w = os.pipe()
+
+    @property
+    def failed(self) -> bool:
+        return False
+
+    def go(self, run_dir: Path) -> None:
+        try:
+            socket.send_fds(self.server, [str(run_dir).encode()], [self._ready_w])
+        finally:
+            os.close(self._ready_w)
+            self._ready_w = -1
+
+    def close(self) -> None:
+        for fd in (self.ready_r, self._ready_w):
+            if fd >= 0:
+                os.close(fd)
+        self.ready_r = self._ready_w = -1
+
+    async def reap_launcher(self) -> None:
+        return None
+
+
 class ShimStarter:
-    """Keeps one shim started ahead of need, so a spawn does not wait for an interpreter
-    to start (the largest part of spawn latency). A spare costs one idle process."""
+    """Makes shims cheap to start. Normally a shim server (started once, detached) forks one
+    per run; should it be gone, one spare shim started ahead of need takes the run. Either
+    way a spawn does not wait for an interpreter to start (the largest part of its cost)."""
 
     def __init__(self, spare_log: Path) -> None:
         self.spare_log = spare_log
         self._spare: _Shim | None = None
+        self._server: socket.socket | None = None
         self._closed = False
 
-    def take(self) -> _Shim | None:
+    def take(self) -> _Shim | _Forked | None:
+        if self._server is not None:
+            return _Forked(self._server)
         spare, self._spare = self._spare, None
         if not self._closed:
             asyncio.get_running_loop().call_soon(self._replenish)
         return spare
+
+    def server_failed(self) -> None:
+        """The server did not take a run: fall back to spare shims from now on."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+            self._replenish()
+
+    def _start_server(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            with open(self.spare_log, "ab") as log:
+                launcher = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-I",
+                        "-S",
+                        str(SHIM_PATH),
+                        "-",
+                        "--detach",
+                        f"--control-fd={theirs.fileno()}",
+                    ],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    start_new_session=True,
+                    close_fds=True,
+                    pass_fds=(theirs.fileno(),),
+                )
+        except OSError:
+            ours.close()
+            return
+        finally:
+            theirs.close()
+        launcher.wait()  # it exits as soon as the server has forked away
+        self._server = ours
 
     def _replenish(self) -> None:
         if self._spare is not None or self._closed:
@@ -175,10 +250,15 @@ class ShimStarter:
         asyncio.get_running_loop().create_task(self._spare.reap_launcher())
 
     def start(self) -> None:
-        self._replenish()
+        self._start_server()
+        if self._server is None:
+            self._replenish()
 
     def close(self) -> None:
         self._closed = True
+        if self._server is not None:
+            self._server.close()  # the server sees EOF and exits
+            self._server = None
         if self._spare is not None:
             self._spare.close()
             self._spare.launcher.poll()
@@ -263,10 +343,20 @@ class AgentProcess:
         _write_private(run_dir / "spec.marshal", marshal.dumps(spec))
         readable = {**spec, "env": sorted(env)}
         _write_private(run_dir / "spec.json", json.dumps(readable, indent=1).encode())
-        shim = (starter.take() if starter else None) or _Shim.launch(run_dir / "shim.log")
+        shim: _Shim | _Forked = (starter.take() if starter else None) or _Shim.launch(
+            run_dir / "shim.log"
+        )
         loop = asyncio.get_running_loop()
         try:
-            shim.go(run_dir)
+            try:
+                shim.go(run_dir)
+            except OSError:
+                if not isinstance(shim, _Forked) or starter is None:
+                    raise
+                starter.server_failed()
+                shim.close()
+                shim = _Shim.launch(run_dir / "shim.log")
+                shim.go(run_dir)
             # The shim closes its end of the ready pipe once agent.json (or exit.json) is
             # written: EOF wakes us at that instant, with no polling.
             await asyncio.wait_for(_until_eof(loop, shim.ready_r), timeout)
@@ -287,7 +377,7 @@ class AgentProcess:
                 return handle
             if (run_dir / "exit.json").exists():
                 return handle  # the command could not even start; exit.json says why
-            if loop.time() > deadline or shim.launcher.returncode not in (0, None):
+            if loop.time() > deadline or shim.failed:
                 log_text = (run_dir / "shim.log").read_text(errors="replace")[-2000:]
                 raise SpawnError(
                     f"agent supervisor did not start the agent: {log_text.strip() or 'no output'}",

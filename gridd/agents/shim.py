@@ -217,6 +217,48 @@ def _await_run_dir(go_fd: int) -> str:
     return run_dir
 
 
+def _serve(control_fd: int) -> int:
+    """The shim server: started once per daemon, it forks a shim for each run directory the
+    daemon sends (with the run's ready pipe). A fork costs well under a millisecond where a
+    new interpreter costs ~8 ms of CPU. It exits when the daemon closes its end."""
+    import socket  # once per daemon, not per agent
+
+    control = socket.socket(fileno=control_fd)
+    while True:
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(control, 4096, 4)
+        except InterruptedError:
+            continue
+        except OSError:
+            return 0
+        if not msg:
+            return 0  # the daemon is gone: shims already forked live on
+        ready = fds[0] if fds else None
+        for extra in fds[1:]:
+            os.close(extra)
+        pid = os.fork()
+        if pid == 0:
+            control.close()
+            if os.fork() > 0:
+                os._exit(0)  # detach: the shim is owned by init, like a launched one
+            os.setsid()
+            run_dir = msg.decode(errors="replace").strip()
+            log = os.open(
+                os.path.join(run_dir, "shim.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600
+            )
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            os.close(log)
+            code = 1
+            try:
+                code = main(run_dir, ready)
+            finally:
+                os._exit(code)
+        if ready is not None:
+            os.close(ready)
+        os.waitpid(pid, 0)
+
+
 def _fd_option(options: list[str], name: str) -> int | None:
     prefix = f"--{name}="
     return next((int(o[len(prefix) :]) for o in options if o.startswith(prefix)), None)
@@ -226,8 +268,11 @@ if __name__ == "__main__":
     options = sys.argv[2:]
     ready = _fd_option(options, "ready-fd")
     go = _fd_option(options, "go-fd")
+    control = _fd_option(options, "control-fd")
     if "--detach" in options and os.fork() > 0:
         os._exit(0)  # the launcher returns at once; the shim lives on, owned by init
+    if control is not None:
+        sys.exit(_serve(control))
     target = _await_run_dir(go) if go is not None else sys.argv[1]
     if not target:
         sys.exit(0)

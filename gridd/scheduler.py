@@ -90,11 +90,7 @@ class Scheduler:
             )
         timeouts: dict[str, float] = {}
         for view in agents:
-            task = self.state.tasks.get(view.task_id)
-            profile = profiles.get(view.profile)
-            limit = (task.timeout_seconds if task else None) or (
-                profile.timeout_seconds if profile else None
-            )
+            limit = self._timeout(view.task_id, view.profile)
             if limit is not None:
                 timeouts[view.task_id] = limit
         session = self.state.session
@@ -140,17 +136,21 @@ class Scheduler:
                 running += estimate(task.agent or self.settings.scheduler.default_agent)
         return session.budget_usd - session.spent_usd - running
 
+    def _timeout(self, task_id: str, profile_name: str) -> float | None:
+        """The task's own timeout, else its profile's, else none."""
+        task = self.state.tasks.get(task_id)
+        profile = self.pool.profiles.get(profile_name)
+        return (task.timeout_seconds if task else None) or (
+            profile.timeout_seconds if profile else None
+        )
+
     def _idle_key(self) -> tuple[object, ...]:
         """What can change the plan without a state revision: time-based facts only."""
         now = time.monotonic()
         expired = sum(1 for t in self.pool.not_before.values() if t <= now)
         overdue = []
         for agent in self.state.live_agents():
-            task = self.state.tasks.get(agent.task_id)
-            profile = self.pool.profiles.get(agent.profile)
-            limit = (task.timeout_seconds if task else None) or (
-                profile.timeout_seconds if profile else None
-            )
+            limit = self._timeout(agent.task_id, agent.profile)
             started = self.pool.started_mono.get(agent.id)
             if limit is not None and started is not None and now - started > limit:
                 overdue.append(agent.id)

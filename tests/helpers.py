@@ -632,12 +632,25 @@ def zombie_children(pid: int) -> list[int]:
     return zombies
 
 
-def run_gridctl(root: Path, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+GRIDCTL_ENV = {**os.environ, "COLUMNS": "200"}
+
+
+def gridctl(
+    root: Path,
+    *args: str,
+    cwd: Path | None = None,
+    timeout: float = 30,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``gridctl ARGS`` run in ``root`` (or ``cwd``), stdin not a terminal, output captured."""
     return subprocess.run(
-        [*GRIDCTL, "--workspace", str(root), *args],
+        [*GRIDCTL, *args],
+        cwd=cwd or root,
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=env or GRIDCTL_ENV,
         check=False,
     )
 

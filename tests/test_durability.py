@@ -25,12 +25,12 @@ from tests.helpers import (
     EventFollower,
     agent_command,
     event_log,
+    gridctl,
     open_fds,
     output_chunks,
     process_gone,
     read_json_file,
     restartable_daemon,
-    run_gridctl,
     touch,
     wait_for,
     wait_for_events,
@@ -418,7 +418,7 @@ def test_gridctl_daemon_restart_keeps_every_agent_running_and_answers_quickly(
         pids = {t: wait_pid(tmp_path, t) for t in tids}
         old_pid = c.get("/health")["pid"]
         began = time.monotonic()
-        result = run_gridctl(repo, "daemon", "restart")
+        result = gridctl(repo, "--workspace", str(repo), "daemon", "restart", timeout=60)
         took = time.monotonic() - began
         assert result.returncode == 0, result.stderr
         health = c.get("/health")

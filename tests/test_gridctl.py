@@ -37,22 +37,17 @@ from gridd.model import (
     Task,
     TaskStatus,
 )
-from tests.helpers import GRIDCTL, DaemonProc, daemons_serving, socket_answers, wait_for
-
-ENV = {**os.environ, "COLUMNS": "200"}
-
-
-def gridctl(
-    root: Path, *args: str, cwd: Path | None = None, timeout: float = 30
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*GRIDCTL, *args],
-        cwd=cwd or root,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=ENV,
-    )
+from tests.helpers import (
+    GRIDCTL,
+    DaemonProc,
+    daemons_serving,
+    gridctl,
+    socket_answers,
+    wait_for,
+)
+from tests.helpers import (
+    GRIDCTL_ENV as ENV,
+)
 
 
 def pid_file(root: Path) -> Path:

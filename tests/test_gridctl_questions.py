@@ -40,28 +40,16 @@ from gridd.model import (
 )
 from tests.helpers import (
     GRIDCTL,
+    GRIDCTL_ENV,
     agent_command,
     daemons_serving,
     git_show,
+    gridctl,
     wait_for,
     write_core_config,
 )
 
-ENV = {**os.environ, "COLUMNS": "200"}
 ASKER = {"command": agent_command("ask_heartbeat.py", "Which color?", "red", "blue")}
-
-
-def gridctl(root: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    """gridctl with standard input that is not a terminal (as in CI and pipes)."""
-    return subprocess.run(
-        [*GRIDCTL, *args],
-        cwd=root,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=ENV,
-    )
 
 
 def gridctl_on_a_terminal(
@@ -78,7 +66,7 @@ def gridctl_on_a_terminal(
             capture_output=True,
             text=True,
             timeout=timeout,
-            env=ENV,
+            env=GRIDCTL_ENV,
         )
     finally:
         os.close(slave)

@@ -23,6 +23,7 @@ from gridd.cli import plan_cmd, render_tasks, watch
 from gridd.cli.gridctl import main as gridctl_main
 from gridd.errors import GriddError
 from gridd.model import DaemonInfo, RepoState, SessionState, Stats, Task, TaskStatus, utcnow
+from tests import helpers
 from tests.helpers import (
     GRIDCTL,
     agent_command,
@@ -62,14 +63,7 @@ CYCLE = """\
 def gridctl(
     root: Path, *args: str, timeout: float = 30, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*GRIDCTL, *args],
-        cwd=cwd or root,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=ENV,
-    )
+    return helpers.gridctl(root, *args, timeout=timeout, cwd=cwd, env=ENV)
 
 
 class Background:

@@ -148,19 +148,21 @@ class Grid:
         """End live streams and background work; the caller closes the store afterwards."""
         await self.notifier.stop()
         self.pool.shims.close()
-        if not self.bus.closed:
-            self.bus.publish("daemon.stopping", {"pid": os.getpid()})
-            self.bus.close()
+        self._end_streams()
         await self.background.stop()
 
     def on_shutdown_request(self, callback: Callable[[], None]) -> None:
         self._shutdown_callback = callback
 
-    def request_shutdown(self) -> None:
-        # Close the streams first: open SSE responses would otherwise hold the server open.
+    def _end_streams(self) -> None:
+        """Say goodbye on the event stream and end every live subscriber (once)."""
         if not self.bus.closed:
             self.bus.publish("daemon.stopping", {"pid": os.getpid()})
             self.bus.close()
+
+    def request_shutdown(self) -> None:
+        # Close the streams first: open SSE responses would otherwise hold the server open.
+        self._end_streams()
         if self._shutdown_callback is not None:
             self._shutdown_callback()
 

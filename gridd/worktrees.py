@@ -156,10 +156,8 @@ class Worktrees:
         return Worktree(task_id, path, branch, base)
 
     async def base_of(self, branch: str) -> str:
-        res = await git(self.root, "config", "--get", f"branch.{branch}.gridBase", check=False)
-        if res.out.strip():
-            return res.out.strip()
-        # Fall back to where the branch forked from HEAD.
+        """Where ``branch`` forked from HEAD: for a branch the task record has no base for
+        (it outlived the database that knew)."""
         mb = await git(self.root, "merge-base", "HEAD", f"refs/heads/{branch}", check=False)
         return mb.out.strip() or await self.head_commit(f"refs/heads/{branch}")
 

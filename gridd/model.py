@@ -36,7 +36,8 @@ class TaskStatus(StrEnum):
     READY = "ready"
     WORKING = "working"
     REVIEW = "review"  # agent finished; changes on its branch
-    DONE = "done"
+    MERGING = "merging"  # approved: queued for, or in, the merge into the feature branch
+    DONE = "done"  # merged into the feature branch (or approved where no merge applies)
     FAILED = "failed"
     BLOCKED = "blocked"  # needs a human
     CANCELLED = "cancelled"

@@ -21,6 +21,7 @@ STATUS_STYLES = {
     TaskStatus.READY: "cyan",
     TaskStatus.WORKING: "bold yellow",
     TaskStatus.REVIEW: "bold magenta",
+    TaskStatus.MERGING: "magenta",
     TaskStatus.DONE: "green",
     TaskStatus.FAILED: "bold red",
     TaskStatus.BLOCKED: "red",

@@ -337,7 +337,13 @@ def plan(obs: Observed) -> list[Action]:
 
 #: While any task is in one of these, a session still has (or will have) work.
 _ACTIVE = frozenset(
-    {TaskStatus.PENDING, TaskStatus.READY, TaskStatus.WORKING, TaskStatus.RATE_LIMITED}
+    {
+        TaskStatus.PENDING,
+        TaskStatus.READY,
+        TaskStatus.WORKING,
+        TaskStatus.RATE_LIMITED,
+        TaskStatus.MERGING,  # a merge may send it back to its agent
+    }
 )
 
 

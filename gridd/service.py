@@ -13,15 +13,19 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from gridd import API_VERSION, __version__
 from gridd.background import Background
 from gridd.commands import Commands
 from gridd.events import EventBus
 from gridd.finish import Finisher
+from gridd.git.conflicts import ConflictPolicy
+from gridd.git.merge import MergeQueue, PauseSeam
 from gridd.model import (
     DaemonInfo,
     Health,
+    Question,
     RepoState,
     TaskStatus,
     VersionInfo,
@@ -107,13 +111,33 @@ class Grid:
             path=os.environ.get("PATH", os.defpath),
             all_done=self._all_tasks_done,
         )
+        self.conflicts = ConflictPolicy(
+            settings=settings.merge,
+            state=self.state,
+            bus=self.bus,
+            worktrees=self.worktrees,
+            questions=self.questions,
+        )
+        pause = os.environ.get("GRIDD_TEST_MERGE_PAUSE")  # a test seam; see git/merge.py
+        self.merges = MergeQueue(
+            settings=settings.merge,
+            state=self.state,
+            bus=self.bus,
+            worktrees=self.worktrees,
+            integration_dir=workspace.grid_dir / "integration",
+            policy=self.conflicts,
+            background=self.background,
+            pause=PauseSeam(Path(pause) if pause else None),
+        )
         self.commands = Commands(
             settings=settings,
             state=self.state,
             pool=self.pool,
             scheduler=self.scheduler,
             questions=self.questions,
+            root=workspace.root,
         )
+        self.commands.merge_answers = self._merge_answer
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -139,6 +163,12 @@ class Grid:
         self.notifier.start()
         self.background.spawn("event-log-pruner", self._prune_loop())
         self.background.spawn("scheduler", self.scheduler.run())
+        self.merges.start()
+
+    def _merge_answer(self, question: Question, response: str) -> None:
+        self.background.spawn(
+            f"merge-answer:{question.task_id}", self.conflicts.answered(question, response)
+        )
 
     def _all_tasks_done(self) -> bool:
         tasks = self.state.tasks.values()

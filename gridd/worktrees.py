@@ -118,9 +118,13 @@ class Worktrees:
         if res.code == 0:
             return res.out.strip()
         head = await self.head_commit("HEAD")
-        await git(self.root, "update-ref", f"refs/heads/{branch}", head, "")
-        log.info("created branch %s at %s", branch, head[:12])
-        return head
+        # Create-only (empty old value): when several spawns race to create it, one wins
+        # and the others take the branch it made.
+        made = await git(self.root, "update-ref", f"refs/heads/{branch}", head, "", check=False)
+        if made.code == 0:
+            log.info("created branch %s at %s", branch, head[:12])
+            return head
+        return await self.head_commit(f"refs/heads/{branch}")
 
     async def create(
         self, task_id: str, base_branch: str | None, *, known_base: str | None = None

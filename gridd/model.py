@@ -185,6 +185,18 @@ class DaemonInfo(WireModel):
     warnings: list[str] = Field(default_factory=list)
 
 
+class ConflictItem(WireModel):
+    """One finding of the conflict radar (``GET /conflicts``)."""
+
+    id: str  # "tasks:a+b" or "feature:a"
+    kind: str  # tasks: two live tasks change the same files; feature: a task and what landed
+    tasks: list[str]
+    files: list[str]  # changed by both
+    predicted_conflict: bool = False  # git merge-tree says their branches conflict
+    conflict_files: list[str] = Field(default_factory=list)
+    feature_commit: str | None = None  # for kind feature: the feature branch's tip
+
+
 class RepoState(WireModel):
     session: SessionState
     tasks: list[Task]
@@ -192,6 +204,7 @@ class RepoState(WireModel):
     pending_questions: list[Question]
     stats: Stats
     daemon: DaemonInfo
+    conflicts: list[ConflictItem] = Field(default_factory=list)
 
 
 class Event(WireModel):

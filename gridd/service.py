@@ -20,8 +20,10 @@ from gridd.background import Background
 from gridd.commands import Commands
 from gridd.events import EventBus
 from gridd.finish import Finisher
+from gridd.git import radar
 from gridd.git.conflicts import ConflictPolicy
 from gridd.git.merge import MergeQueue, PauseSeam
+from gridd.git.radar import Radar
 from gridd.model import (
     DaemonInfo,
     Health,
@@ -138,6 +140,17 @@ class Grid:
             root=workspace.root,
         )
         self.commands.merge_answers = self._merge_answer
+        self.radar = Radar(
+            state=self.state,
+            bus=self.bus,
+            root=workspace.root,
+            background=self.background,
+            period=settings.merge.radar_seconds,
+        )
+        if settings.merge.hold_overlapping:
+            self.scheduler.held = lambda: radar.held(
+                self.state.tasks.values(), self.radar.changed()
+            )
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -164,6 +177,7 @@ class Grid:
         self.background.spawn("event-log-pruner", self._prune_loop())
         self.background.spawn("scheduler", self.scheduler.run())
         self.merges.start()
+        self.radar.start()
 
     def _merge_answer(self, question: Question, response: str) -> None:
         self.background.spawn(
@@ -247,6 +261,7 @@ class Grid:
             pending_questions=self.questions.pending(),
             stats=self.state.stats(),
             daemon=self.daemon_info(),
+            conflicts=list(self.radar.items.values()),
         )
 
     def state_json(self) -> bytes:
@@ -263,6 +278,7 @@ class Grid:
             b'"agents":' + dump(list(self.state.live_agents())),
             b'"pendingQuestions":' + dump(list(self.questions.pending())),
             b'"stats":' + dump(self.state.stats()),
-            b'"daemon":' + dump(self.daemon_info()) + b"}",
+            b'"daemon":' + dump(self.daemon_info()),
+            b'"conflicts":' + dump(list(self.radar.items.values())) + b"}",
         ]
         return b",".join(parts)

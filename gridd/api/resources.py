@@ -12,9 +12,18 @@ from starlette.responses import JSONResponse, Response
 from gridd.api.errors import query_flag, query_int, read_body, read_json, validate
 from gridd.api.spec import grid_of, table, wire
 from gridd.errors import BadRequest
-from gridd.git import diff
+from gridd.git import diff, report
 from gridd.git.diff import TaskDiff
-from gridd.model import Agent, Question, SessionState, Task, TaskStatus, WireModel
+from gridd.git.report import FeatureReport
+from gridd.model import (
+    Agent,
+    ConflictItem,
+    Question,
+    SessionState,
+    Task,
+    TaskStatus,
+    WireModel,
+)
 from gridd.requests import (
     PlanSpec,
     Reject,
@@ -172,6 +181,21 @@ async def task_diff(request: Request) -> Response:
     return wire(await diff.task_diff(grid.workspace.root, task))
 
 
+class Conflicts(WireModel):
+    conflicts: list[ConflictItem]
+
+
+@table.add(
+    "GET",
+    "/conflicts",
+    summary="The conflict radar: live tasks changing the same files (with each other, or with"
+    " what landed on the feature branch since they branched), and predicted conflicts",
+    response=Conflicts,
+)
+async def conflicts(request: Request) -> Response:
+    return wire(Conflicts(conflicts=list(grid_of(request).radar.items.values())))
+
+
 # -- plans ------------------------------------------------------------------------------------------
 
 
@@ -239,6 +263,20 @@ async def start_session(request: Request) -> Response:
 )
 async def stop_session(request: Request) -> Response:
     return wire(grid_of(request).commands.stop_session(force=query_flag(request, "force")))
+
+
+@table.add(
+    "POST",
+    "/session/finish",
+    summary="Stop the session (gracefully) and report what its feature branch holds against"
+    " its base; nothing is merged into the base or pushed (409 no_feature_branch)",
+    response=FeatureReport,
+)
+async def finish_session(request: Request) -> Response:
+    grid = grid_of(request)
+    grid.commands.stop_session(force=False)
+    tasks = list(grid.state.tasks.values())
+    return wire(await report.feature_report(grid.workspace.root, grid.state.session, tasks))
 
 
 # -- agents -----------------------------------------------------------------------------------------

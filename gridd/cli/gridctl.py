@@ -35,6 +35,7 @@ from gridd.cli.context import (
     add_commands,
     add_global_options,
 )
+from gridd.cli.completion import COMPLETION
 from gridd.cli.events_cmd import EVENTS
 from gridd.cli.logs import LOGS
 from gridd.cli.metrics_cmd import METRICS
@@ -119,6 +120,7 @@ COMMANDS: dict[str, Command] = {
     "logs": LOGS,
     "events": EVENTS,
     "metrics": METRICS,
+    "completion": COMPLETION,
     "daemon": Command(
         help="start, stop, restart or check the workspace daemon",
         description="Manage the gridd process of this workspace. 'start' runs it detached;"

@@ -35,8 +35,10 @@ from gridd.cli.context import (
     add_commands,
     add_global_options,
 )
+from gridd.cli.completion import COMPLETION
 from gridd.cli.events_cmd import EVENTS
 from gridd.cli.logs import LOGS
+from gridd.cli.metrics_cmd import METRICS
 from gridd.cli.plan_cmd import PLAN
 from gridd.cli.questions_cmd import ANSWER, QUESTIONS, RESPOND
 from gridd.cli.session_cmd import AGENT, AGENTS, SESSION
@@ -117,6 +119,8 @@ COMMANDS: dict[str, Command] = {
     "respond": RESPOND,
     "logs": LOGS,
     "events": EVENTS,
+    "metrics": METRICS,
+    "completion": COMPLETION,
     "daemon": Command(
         help="start, stop, restart or check the workspace daemon",
         description="Manage the gridd process of this workspace. 'start' runs it detached;"

@@ -75,10 +75,10 @@ def _fish_lines(parser: argparse.ArgumentParser, prog: str, path: list[str]) -> 
             f"complete -c {prog} -n {_quote(cond)} {' '.join(flags)}{extra} -d {help_text}"
         )
     for action in parser._actions:
-        if not action.option_strings and action.choices and not children:
-            if not isinstance(action, argparse._SubParsersAction):
-                words = " ".join(str(c) for c in action.choices)
-                lines.append(f"complete -c {prog} -f -n {_quote(cond)} -a {_quote(words)}")
+        positional = not action.option_strings and not children
+        if positional and action.choices and not isinstance(action, argparse._SubParsersAction):
+            words = " ".join(str(c) for c in action.choices)
+            lines.append(f"complete -c {prog} -f -n {_quote(cond)} -a {_quote(words)}")
     for name, child in children.items():
         lines += _fish_lines(child, prog, [*path, name])
     return lines

@@ -25,6 +25,7 @@ from typing import Any
 from rich.console import Console
 
 from gridd.cli import daemonctl, render, watch
+from gridd.cli.completion import COMPLETION
 from gridd.cli.context import (
     EXIT_ERROR,
     EXIT_OK,
@@ -35,7 +36,6 @@ from gridd.cli.context import (
     add_commands,
     add_global_options,
 )
-from gridd.cli.completion import COMPLETION
 from gridd.cli.events_cmd import EVENTS
 from gridd.cli.logs import LOGS
 from gridd.cli.metrics_cmd import METRICS

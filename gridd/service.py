@@ -24,6 +24,7 @@ from gridd.git import radar
 from gridd.git.conflicts import ConflictPolicy
 from gridd.git.merge import MergeQueue, PauseSeam
 from gridd.git.radar import Radar
+from gridd.metrics import DaemonMetrics
 from gridd.model import (
     DaemonInfo,
     Health,
@@ -88,7 +89,8 @@ class Grid:
             worktrees=self.worktrees,
             questions=self.questions,
         )
-        self.pool.on_exit = self.finisher.finish
+        self.metrics = DaemonMetrics(self)
+        self.pool.on_exit = self.metrics.events.timed_exit(self.finisher.finish)
         self.scheduler = Scheduler(
             workspace=workspace,
             settings=settings,

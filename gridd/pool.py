@@ -23,7 +23,7 @@ from gridd.agents.output import OutputLog
 from gridd.agents.process import AgentProcess, ExitStatus, ShimStarter
 from gridd.agents.watch import Poll, RunWatch
 from gridd.background import Background
-from gridd.errors import Conflict, GriddError
+from gridd.errors import Conflict, GriddError, StoreError
 from gridd.events import EventBus
 from gridd.health import LAUNCH_HINT, Limits, Verdict, assess
 from gridd.model import Agent, AgentStatus, Question, Task, TaskStatus, utcnow
@@ -39,6 +39,9 @@ POLL_SECONDS = 0.02
 QUIET_POLL_SECONDS = 0.05
 QUIET_AFTER_SECONDS = 2.0
 LIVENESS_SECONDS = 0.5
+#: A state database that cannot be written: retry watching after this (doubling, capped).
+STORE_RETRY_SECONDS = 0.5
+STORE_RETRY_MAX_SECONDS = 10.0
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 
@@ -343,6 +346,20 @@ class AgentPool:
     # -- watching ------------------------------------------------------------------------------
 
     async def _watch(self, agent_id: str) -> None:
+        """Watch one agent until it has exited and been finished. A state database that
+        cannot be written (a full or read-only disk) pauses the watching, never ends it:
+        the agent's output stays in its run files and the watch resumes once writes work."""
+        pause = STORE_RETRY_SECONDS
+        while True:
+            try:
+                await self._watch_once(agent_id)
+                return
+            except StoreError as exc:
+                log.error("agent %s: %s; watching again in %.0fs", agent_id, exc.message, pause)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, STORE_RETRY_MAX_SECONDS)
+
+    async def _watch_once(self, agent_id: str) -> None:
         handle, run = self.handles[agent_id], self.runs[agent_id]
         next_liveness = 0.0
         while True:

@@ -41,6 +41,7 @@ from gridd.cli.logs import LOGS
 from gridd.cli.metrics_cmd import METRICS
 from gridd.cli.plan_cmd import PLAN
 from gridd.cli.questions_cmd import ANSWER, QUESTIONS, RESPOND
+from gridd.cli.service_cmd import SERVICE
 from gridd.cli.session_cmd import AGENT, AGENTS, SESSION
 from gridd.cli.tasks_cmd import TASK
 from gridd.errors import DaemonUnreachable, GriddError
@@ -121,6 +122,7 @@ COMMANDS: dict[str, Command] = {
     "events": EVENTS,
     "metrics": METRICS,
     "completion": COMPLETION,
+    "service": SERVICE,
     "daemon": Command(
         help="start, stop, restart or check the workspace daemon",
         description="Manage the gridd process of this workspace. 'start' runs it detached;"

@@ -36,6 +36,7 @@ from gridd.cli.context import (
     add_commands,
     add_global_options,
 )
+from gridd.cli.doctor import DOCTOR
 from gridd.cli.events_cmd import EVENTS
 from gridd.cli.logs import LOGS
 from gridd.cli.metrics_cmd import METRICS
@@ -123,6 +124,7 @@ COMMANDS: dict[str, Command] = {
     "metrics": METRICS,
     "completion": COMPLETION,
     "service": SERVICE,
+    "doctor": DOCTOR,
     "daemon": Command(
         help="start, stop, restart or check the workspace daemon",
         description="Manage the gridd process of this workspace. 'start' runs it detached;"

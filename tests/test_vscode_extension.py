@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,6 +70,33 @@ def test_npm_run_package_builds_an_installable_vsix(extension: Path) -> None:
     assert {"extension/dist/extension.js", "extension.vsixmanifest"} <= names
     assert not any("node_modules" in n or n.endswith(".ts") for n in names)
     assert '"gridd.tasks"' in manifest
+    # Installable offline: code-server's own --install-extension, in a throwaway profile.
+    home = Path(tempfile.mkdtemp(prefix="gvsix"))
+    try:
+        env = {
+            **os.environ,
+            "HOME": str(home),
+            "XDG_CONFIG_HOME": str(home / ".config"),
+            "XDG_DATA_HOME": str(home / ".local/share"),
+            "EXTENSIONS_GALLERY": "{}",
+        }
+        code_server = extension / "e2e" / "node_modules" / ".bin" / "code-server"
+        installed = subprocess.run(
+            [
+                str(code_server),
+                *("--install-extension", str(vsix)),
+                *("--extensions-dir", str(home / "exts"), "--user-data-dir", str(home / "data")),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            env=env,
+        )
+        assert installed.returncode == 0, installed.stdout + installed.stderr
+        assert (home / "exts" / "gridd.gridd-vscode-0.1.0" / "dist" / "extension.js").is_file()
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def _e2e(extension: Path, suite: str) -> None:

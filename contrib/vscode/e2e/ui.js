@@ -163,6 +163,18 @@ async function runUi(out) {
       return undefined;
     });
 
+    await run.step("a question answered elsewhere leaves the views and its toast", async () => {
+      await api(sock, "POST", "/tasks", { id: "ask3", title: "Ask again", agent: "asker" });
+      await api(sock, "POST", "/tasks/ask3/start");
+      const toast = page.locator(".notification-toast", { hasText: "(ask3) asks: Which color?" }).first();
+      await toast.waitFor({ timeout: 20000 });
+      await view.getByText("Which color?").first().waitFor({ timeout: 5000 });
+      const q = (await api(sock, "GET", "/questions")).find((x) => x.taskId === "ask3");
+      await api(sock, "POST", `/questions/${q.id}/answer`, { response: "red" }); // as gridctl would
+      await toast.waitFor({ state: "hidden", timeout: 10000 });
+      await waitFor(async () => !(await view.getByText("Which color?").first().isVisible()), "the question to leave the view", 10000);
+    });
+
     await run.step("killing and restarting gridd shows not connected, then reconnects", async () => {
       await gridd.kill();
       await view.getByText("not connected").first().waitFor({ timeout: 15000 });

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gridd import API_VERSION, __version__
+from gridd import API_VERSION, HANDOVER_PROTOCOL, __version__
 from gridd.background import Background
 from gridd.commands import Commands
 from gridd.events import EventBus
@@ -239,6 +239,7 @@ class Grid:
             api_version=API_VERSION,
             pid=os.getpid(),
             python=platform.python_version(),
+            handover=HANDOVER_PROTOCOL,
         )
 
     def daemon_info(self) -> DaemonInfo:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gridd import __version__
+from gridd import HANDOVER_ADOPTS, HANDOVER_PROTOCOL, __version__
 from gridd.store import SCHEMA_VERSION
 
 
@@ -24,6 +24,8 @@ class StateReport:
     path: str
     gridd_version: str = __version__
     supported_schema: int = SCHEMA_VERSION
+    handover: int = HANDOVER_PROTOCOL
+    adopts: list[int] = field(default_factory=lambda: sorted(HANDOVER_ADOPTS))
     exists: bool = False
     schema: int | None = None
     integrity: str = "not checked"

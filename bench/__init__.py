@@ -36,6 +36,7 @@ BENCHMARKS: list[str] = [
     "durability",
     "questions",
     "metrics",
+    "merge",
 ]
 
 __all__ = ["BENCHMARKS"]

@@ -19,6 +19,7 @@ claude-cli:
 	tests/tools/install-claude.sh
 
 test: $(STAMP) claude-cli
+	sh contrib/vscode/scripts/setup.sh
 	$(BIN)/pytest -n 2 --dist loadgroup -q
 
 lint: $(STAMP)

@@ -19,6 +19,7 @@ from gridd.background import Background
 from gridd.commands import Commands
 from gridd.events import EventBus
 from gridd.finish import Finisher
+from gridd.metrics import DaemonMetrics
 from gridd.model import (
     DaemonInfo,
     Health,
@@ -82,7 +83,8 @@ class Grid:
             worktrees=self.worktrees,
             questions=self.questions,
         )
-        self.pool.on_exit = self.finisher.finish
+        self.metrics = DaemonMetrics(self)
+        self.pool.on_exit = self.metrics.events.timed_exit(self.finisher.finish)
         self.scheduler = Scheduler(
             workspace=workspace,
             settings=settings,

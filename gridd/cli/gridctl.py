@@ -25,6 +25,7 @@ from typing import Any
 from rich.console import Console
 
 from gridd.cli import daemonctl, render, watch
+from gridd.cli.completion import COMPLETION
 from gridd.cli.context import (
     EXIT_ERROR,
     EXIT_OK,
@@ -37,8 +38,10 @@ from gridd.cli.context import (
 )
 from gridd.cli.events_cmd import EVENTS
 from gridd.cli.logs import LOGS
+from gridd.cli.metrics_cmd import METRICS
 from gridd.cli.plan_cmd import PLAN
 from gridd.cli.questions_cmd import ANSWER, QUESTIONS, RESPOND
+from gridd.cli.service_cmd import SERVICE
 from gridd.cli.session_cmd import AGENT, AGENTS, SESSION
 from gridd.cli.tasks_cmd import TASK
 from gridd.errors import DaemonUnreachable, GriddError
@@ -117,6 +120,9 @@ COMMANDS: dict[str, Command] = {
     "respond": RESPOND,
     "logs": LOGS,
     "events": EVENTS,
+    "metrics": METRICS,
+    "completion": COMPLETION,
+    "service": SERVICE,
     "daemon": Command(
         help="start, stop, restart or check the workspace daemon",
         description="Manage the gridd process of this workspace. 'start' runs it detached;"

@@ -42,6 +42,10 @@ class Turn:
     error_message: str = "error"
     #: Hold the response back until the test releases this event (or 20 s pass).
     gate: threading.Event | None = None
+    #: A subscription limit (``five_hour``, ...) that resets this many seconds after the
+    #: request: its unified headers are made when the request comes (see ``resets``).
+    limit_claim: str | None = None
+    reset_in: float = 5.0
     input_tokens: int = 25
     output_tokens: int = 12
 
@@ -64,6 +68,14 @@ def error(
         error_type=kind or kinds.get(status, "api_error"),
         error_message=message or f"stand-in error {status}",
     )
+
+
+def limit(claim: str, *, reset_in: float = 5.0) -> Turn:
+    """A subscription's usage limit (429, rejected by the unified limiter), resetting
+    ``reset_in`` seconds after the request."""
+    turn = error(429, message="usage limit reached")
+    turn.limit_claim, turn.reset_in = claim, reset_in
+    return turn
 
 
 def unified_limit_headers(
@@ -91,6 +103,7 @@ class StandIn:
         self.script: list[Turn] = []
         self.requests: list[dict[str, Any]] = []  # every /v1/messages body, side calls too
         self.headers: list[dict[str, str]] = []
+        self.resets: list[int] = []  # the reset epochs of the limits served
         self.url = ""
         self._lock = threading.Condition()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -161,6 +174,13 @@ class StandIn:
         turn = self._next(body)
         if turn.gate is not None:
             await asyncio.get_running_loop().run_in_executor(None, turn.gate.wait, 20.0)
+        if turn.limit_claim is not None:
+            reset = int(time.time() + turn.reset_in) + 1
+            self.resets.append(reset)
+            turn.headers = {
+                **unified_limit_headers(claim=turn.limit_claim, reset=reset),
+                **turn.headers,
+            }
         if turn.status >= 400:
             payload = {
                 "type": "error",

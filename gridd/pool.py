@@ -23,7 +23,7 @@ from gridd.agents.output import OutputLog
 from gridd.agents.process import AgentProcess, ExitStatus, ShimStarter
 from gridd.agents.watch import Poll, RunWatch
 from gridd.background import Background
-from gridd.errors import Conflict, GriddError
+from gridd.errors import Conflict, GriddError, StoreError
 from gridd.events import EventBus
 from gridd.health import LAUNCH_HINT, Limits, Verdict, assess
 from gridd.model import Agent, AgentStatus, Question, Task, TaskStatus, utcnow
@@ -40,6 +40,9 @@ POLL_SECONDS = 0.02
 QUIET_POLL_SECONDS = 0.05
 QUIET_AFTER_SECONDS = 2.0
 LIVENESS_SECONDS = 0.5
+#: A state database that cannot be written: retry watching after this (doubling, capped).
+STORE_RETRY_SECONDS = 0.5
+STORE_RETRY_MAX_SECONDS = 10.0
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 
@@ -70,6 +73,15 @@ def continuation_prompt(task: Task, session: int, *, rate_limited: bool = False)
         f"{base_prompt}\n\n---\nThis is session {session} of {task.max_sessions} on this task."
         " The previous session ended by asking to continue. Its summary:\n"
         f"{summary}\n\nThe worktree and branch still hold its work; carry on from there."
+    )
+
+
+def feedback_prompt(task: Task) -> str:
+    """The prompt of a run sent back by a reviewer (reject) or by the merge queue."""
+    base_prompt = task.prompt or task.title
+    return (
+        f"{base_prompt}\n\n---\nYour earlier work on this task is in this worktree and on"
+        f" its branch. It was sent back to you:\n\n{task.feedback}\n"
     )
 
 
@@ -136,30 +148,49 @@ class AgentPool:
         if profile is None:
             raise GriddError(f"unknown agent profile {profile_name!r}", code="unknown_profile")
         first = self.state.tasks[task_id]
-        claimer = self.claimers.get(first.source)
-        if claimer is not None and first.attempts == 0 and not await claimer(first):
-            self.state.update_task(
-                task_id, status=TaskStatus.CANCELLED, error="claimed by someone else"
-            )
-            return
         adapter = get_adapter(profile.adapter, options=profile.adapter_options)
         session = self.state.session
         base_branch = session.feature_branch if session.started else None
-        worktree = await self.worktrees.create(
+        making = self.worktrees.create(
             task_id, base_branch, known_base=first.base_commit if first.branch else None
         )
+        claimer = self.claimers.get(first.source)
+        if claimer is not None and first.attempts == 0:
+            # Claim while the worktree is made: both are process starts, neither needs the other.
+            claimed, made = await asyncio.gather(claimer(first), making, return_exceptions=True)
+            if claimed is not True:
+                if not isinstance(made, BaseException):
+                    await self.worktrees.discard(made)
+                if isinstance(claimed, BaseException):
+                    # bd could not answer: not an attempt, the claim is tried again later.
+                    self.not_before[task_id] = time.monotonic() + self.backoff(1)
+                    self.bus.publish(
+                        "task.start_failed", {"taskId": task_id, "error": f"claim: {claimed}"}
+                    )
+                    self.state.update_task(task_id, status=TaskStatus.READY)
+                    return
+                self.state.update_task(
+                    task_id, status=TaskStatus.CANCELLED, error="claimed by someone else"
+                )
+                return
+            if isinstance(made, BaseException):
+                raise made
+            worktree = made
+        else:
+            worktree = await making
         task = self.state.tasks.get(task_id)
         if task is None or task.status != TaskStatus.WORKING:
             return  # stopped or cancelled while the worktree was being made
         continuing = task.sessions > 0
         attempt = task.attempts if continuing else task.attempts + 1
         session_number = task.sessions + 1
-        resumed = continuing and task.error == RATE_LIMIT_RESET
-        prompt = (
-            continuation_prompt(task, session_number, rate_limited=resumed)
-            if continuing
-            else (task.prompt or task.title)
-        )
+        if continuing:
+            resumed = task.error == RATE_LIMIT_RESET
+            prompt = continuation_prompt(task, session_number, rate_limited=resumed)
+        elif task.feedback:
+            prompt = feedback_prompt(task)
+        else:
+            prompt = task.prompt or task.title
         agent_id = f"{profile_name}-{self.state.store.next_counter('agent')}"
         run_dir = self.ws.runs_dir / agent_id
         argv = render_command(
@@ -167,7 +198,8 @@ class AgentPool:
             {"prompt": prompt, "task_id": task.id, "worktree": str(worktree.path)},
         )
         argv += adapter.extra_args(argv)
-        previous_session = self._previous_session_id(task.id) if continuing else None
+        resumes = continuing or bool(task.feedback)  # the same conversation, sent back
+        previous_session = self._previous_session_id(task.id) if resumes else None
         if previous_session and profile.adapter == "claude":
             argv += ["--resume", previous_session]
         env = {
@@ -355,6 +387,20 @@ class AgentPool:
     # -- watching ------------------------------------------------------------------------------
 
     async def _watch(self, agent_id: str) -> None:
+        """Watch one agent until it has exited and been finished. A state database that
+        cannot be written (a full or read-only disk) pauses the watching, never ends it:
+        the agent's output stays in its run files and the watch resumes once writes work."""
+        pause = STORE_RETRY_SECONDS
+        while True:
+            try:
+                await self._watch_once(agent_id)
+                return
+            except StoreError as exc:
+                log.error("agent %s: %s; watching again in %.0fs", agent_id, exc.message, pause)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, STORE_RETRY_MAX_SECONDS)
+
+    async def _watch_once(self, agent_id: str) -> None:
         handle, run = self.handles[agent_id], self.runs[agent_id]
         next_liveness = 0.0
         while True:

@@ -36,6 +36,7 @@ from gridd.cli.context import (
     add_commands,
     add_global_options,
 )
+from gridd.cli.doctor import DOCTOR
 from gridd.cli.events_cmd import EVENTS
 from gridd.cli.logs import LOGS
 from gridd.cli.metrics_cmd import METRICS
@@ -45,6 +46,7 @@ from gridd.cli.service_cmd import SERVICE
 from gridd.cli.session_cmd import AGENT, AGENTS, SESSION
 from gridd.cli.tasks_cmd import TASK
 from gridd.errors import DaemonUnreachable, GriddError
+from gridd.model import ConflictItem
 
 __all__ = ["COMMANDS", "EXIT_ERROR", "EXIT_OK", "EXIT_UNREACHABLE", "EXIT_USAGE", "main"]
 
@@ -86,6 +88,27 @@ def run_status(ctx: Context) -> int:
     return EXIT_OK
 
 
+# -- conflicts ------------------------------------------------------------------------------
+
+
+def build_conflicts(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print GET /conflicts as JSON")
+
+
+def run_conflicts(ctx: Context) -> int:
+    data = ctx.client().get("/conflicts")
+    if ctx.args.json:
+        print(json.dumps(data, indent=2))
+        return EXIT_OK
+    items = [render.parse_wire(ConflictItem, item) for item in data["conflicts"]]
+    if not items:
+        print("no overlapping work between live tasks")
+    console = Console(highlight=False)
+    for line in render.conflict_lines(items):
+        console.print(line)
+    return EXIT_OK
+
+
 # -- daemon ---------------------------------------------------------------------------------
 
 
@@ -110,7 +133,16 @@ COMMANDS: dict[str, Command] = {
         build=build_status,
         run=run_status,
     ),
+    "conflicts": Command(
+        help="the conflict radar: live tasks changing the same files, predicted conflicts",
+        description="Show which live tasks (working, in review, merging) change the same"
+        " files, with each other or with what landed on the feature branch since they"
+        " branched, and which of those git merge-tree predicts will conflict.",
+        build=build_conflicts,
+        run=run_conflicts,
+    ),
     "task": TASK,
+    "tasks": TASK,  # the same group: 'gridctl tasks diff ID' reads as naturally
     "plan": PLAN,
     "session": SESSION,
     "agents": AGENTS,
@@ -123,6 +155,7 @@ COMMANDS: dict[str, Command] = {
     "metrics": METRICS,
     "completion": COMPLETION,
     "service": SERVICE,
+    "doctor": DOCTOR,
     "daemon": Command(
         help="start, stop, restart or check the workspace daemon",
         description="Manage the gridd process of this workspace. 'start' runs it detached;"

@@ -68,6 +68,15 @@ def continuation_prompt(task: Task, session: int) -> str:
     )
 
 
+def feedback_prompt(task: Task) -> str:
+    """The prompt of a run sent back by a reviewer (reject) or by the merge queue."""
+    base_prompt = task.prompt or task.title
+    return (
+        f"{base_prompt}\n\n---\nYour earlier work on this task is in this worktree and on"
+        f" its branch. It was sent back to you:\n\n{task.feedback}\n"
+    )
+
+
 class AgentPool:
     def __init__(
         self,
@@ -167,16 +176,20 @@ class AgentPool:
         continuing = task.sessions > 0
         attempt = task.attempts if continuing else task.attempts + 1
         session_number = task.sessions + 1
-        prompt = (
-            continuation_prompt(task, session_number) if continuing else (task.prompt or task.title)
-        )
+        if continuing:
+            prompt = continuation_prompt(task, session_number)
+        elif task.feedback:
+            prompt = feedback_prompt(task)
+        else:
+            prompt = task.prompt or task.title
         agent_id = f"{profile_name}-{self.state.store.next_counter('agent')}"
         run_dir = self.ws.runs_dir / agent_id
         argv = render_command(
             profile.command,
             {"prompt": prompt, "task_id": task.id, "worktree": str(worktree.path)},
         )
-        previous_session = self._previous_session_id(task.id) if continuing else None
+        resumes = continuing or bool(task.feedback)  # the same conversation, sent back
+        previous_session = self._previous_session_id(task.id) if resumes else None
         if previous_session and profile.adapter == "claude":
             argv += ["--resume", previous_session]
         env = {

@@ -191,6 +191,7 @@ class Observed:
     #: Task ids whose agent has exited and whose work is being committed: no new agent for
     #: them yet, but their slot is free (the commit is git's work, not an agent's).
     finishing: frozenset[str] = frozenset()
+    held: frozenset[str] = frozenset()  # ready tasks the conflict radar holds back
 
 
 @dataclass(frozen=True)
@@ -313,6 +314,8 @@ def plan(obs: Observed) -> list[Action]:
                 break
             if statuses.get(task.id) != TaskStatus.READY or task.id in busy or backing_off(task):
                 continue
+            if task.id in obs.held:
+                continue  # its declared files overlap a live task's: it waits for that merge
             profile = profile_of(task)
             if not profile_has_room(profile):
                 continue
@@ -341,7 +344,13 @@ def plan(obs: Observed) -> list[Action]:
 
 #: While any task is in one of these, a session still has (or will have) work.
 _ACTIVE = frozenset(
-    {TaskStatus.PENDING, TaskStatus.READY, TaskStatus.WORKING, TaskStatus.RATE_LIMITED}
+    {
+        TaskStatus.PENDING,
+        TaskStatus.READY,
+        TaskStatus.WORKING,
+        TaskStatus.RATE_LIMITED,
+        TaskStatus.MERGING,  # a merge may send it back to its agent
+    }
 )
 
 

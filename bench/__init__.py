@@ -37,6 +37,7 @@ BENCHMARKS: list[str] = [
     "durability",
     "questions",
     "metrics",
+    "claude_finish",
 ]
 
 __all__ = ["BENCHMARKS"]

@@ -150,6 +150,7 @@ class Grid:
         self.pool.shims.close()
         self._end_streams()
         await self.background.stop()
+        self.pool.wakeups.close()
 
     def on_shutdown_request(self, callback: Callable[[], None]) -> None:
         self._shutdown_callback = callback

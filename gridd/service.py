@@ -224,7 +224,9 @@ class Grid:
         )
 
     def state_json(self) -> bytes:
-        """``RepoState`` as JSON, with the task list from the per-task cache (fast)."""
+        """``RepoState`` as JSON from the state cache: tasks and live agents are encoded once
+        per change (``GridState.tasks_json``, ``live_agents_json``), so a request costs the
+        same with one agent or hundreds, and nothing here walks every agent that ever ran."""
 
         def dump(value: WireModel | list[WireModel]) -> bytes:
             if isinstance(value, list):
@@ -234,7 +236,7 @@ class Grid:
         parts = [
             b'{"session":' + dump(self.state.session),
             b'"tasks":' + self.state.tasks_json(),
-            b'"agents":' + dump(list(self.state.live_agents())),
+            b'"agents":' + self.state.live_agents_json(),
             b'"pendingQuestions":' + dump(list(self.questions.pending())),
             b'"stats":' + dump(self.state.stats()),
             b'"daemon":' + dump(self.daemon_info()) + b"}",

@@ -35,6 +35,7 @@ BENCHMARKS: list[str] = [
     "output",
     "durability",
     "questions",
+    "metrics",
 ]
 
 __all__ = ["BENCHMARKS"]

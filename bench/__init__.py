@@ -36,6 +36,7 @@ BENCHMARKS: list[str] = [
     "durability",
     "questions",
     "metrics",
+    "claude_finish",
 ]
 
 __all__ = ["BENCHMARKS"]

@@ -36,8 +36,7 @@ class GridState:
         self.live: dict[str, Agent] = {
             a.id: a for a in self.agents.values() if a.status != AgentStatus.EXITED
         }
-        raw = store.get_meta("session")
-        self.session = SessionState.model_validate_json(raw) if raw else SessionState()
+        self.session = self._load_session()
         self.revision = 0
         self._dirty: dict[str, Task] = {}
         self._wakers: list[Callable[[], None]] = []
@@ -47,6 +46,16 @@ class GridState:
         self._tasks_blob: bytes | None = None
         self._live_blob: bytes | None = None
         self._task_counts: tuple[dict[str, int], int] | None = None
+
+    def _load_session(self) -> SessionState:
+        raw = self.store.get_meta("session")
+        if not raw:
+            return SessionState()
+        try:
+            return SessionState.model_validate_json(raw)
+        except ValueError as exc:  # kept aside and reported; the daemon starts regardless
+            self.store.quarantine_row("meta", "session", raw, str(exc).splitlines()[0:3])
+            return SessionState()
 
     # -- change notification ---------------------------------------------------------------
 

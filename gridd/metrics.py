@@ -70,6 +70,9 @@ EVENT_COUNTERS = {
     "conflict.detected": ("gridd_conflicts_detected_total", "Predicted conflicts between tasks"),
 }
 
+#: The states a supervised part can be in (``gridd_background_part_state``).
+PART_STATES = ("up", "restarting", "down")
+
 F = TypeVar("F", bound=Callable[..., Awaitable[None]])
 
 
@@ -273,9 +276,18 @@ class GridCollector(Collector):
             "Supervised background parts: 1 running, 0 down or restarting",
             labels=["part"],
         )
+        by_state = GaugeMetricFamily(
+            "gridd_background_part_state",
+            "Supervised background parts: 1 for the state each is in",
+            labels=["part", "state"],
+        )
         for name in sorted(self.parts_seen):
-            parts.add_metric([name], 1 if states.get(name) == "up" else 0)
+            state = states.get(name, "down")
+            parts.add_metric([name], 1 if state == "up" else 0)
+            for known in PART_STATES:
+                by_state.add_metric([name, known], 1 if state == known else 0)
         yield parts
+        yield by_state
         yield _gauge(
             "gridd_background_tasks",
             "Background tasks alive (parts plus per-agent watchers, starts and stops)",
@@ -284,7 +296,23 @@ class GridCollector(Collector):
 
 
 def supervised_parts(grid: Grid) -> dict[str, str]:
-    """Long-running part name -> "up". Per-agent tasks (``agent:<id>``) are not parts."""
+    """Part name -> state ("up", "restarting", "down").
+
+    From the Grid's supervisor when it has one (``states()`` or ``parts``: a mapping of
+    name to a state string, or to an object with a ``state``); otherwise every named
+    long-running background task is "up" (per-agent tasks, ``agent:<id>``, are not parts).
+    """
+    supervisor: Any = getattr(grid, "supervisor", None)
+    raw: Any = None
+    if supervisor is not None:
+        states = getattr(supervisor, "states", None)
+        raw = states() if callable(states) else getattr(supervisor, "parts", None)
+    if isinstance(raw, dict):
+        found = {}
+        for name, value in raw.items():
+            state = value if isinstance(value, str) else getattr(value, "state", value)
+            found[str(name)] = str(getattr(state, "value", state))
+        return found
     return {name: "up" for name in grid.background.names if ":" not in name}
 
 

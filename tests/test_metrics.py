@@ -168,3 +168,20 @@ def test_gridctl_metrics_prints_families_readably(repo: Path) -> None:
         raw = gridctl(repo, "--no-start", "metrics", "--raw")
         assert "# TYPE gridd_tasks gauge" in raw.stdout
         assert list(text_string_to_metric_families(raw.stdout))
+
+
+def test_background_parts_come_from_the_supervisor_when_there_is_one() -> None:
+    from types import SimpleNamespace
+    from typing import Any
+
+    from gridd.metrics import supervised_parts
+
+    background = SimpleNamespace(names=["scheduler", "agent:a1", "notifier"])
+    plain: Any = SimpleNamespace(background=background)
+    assert supervised_parts(plain) == {"scheduler": "up", "notifier": "up"}
+    part = SimpleNamespace(state="restarting")
+    supervised: Any = SimpleNamespace(
+        background=background,
+        supervisor=SimpleNamespace(states=lambda: {"scheduler": "up", "beads-poll": part}),
+    )
+    assert supervised_parts(supervised) == {"scheduler": "up", "beads-poll": "restarting"}

@@ -21,12 +21,14 @@ from gridd.adapters import base
 from gridd.adapters.registry import get_adapter
 from gridd.agents.output import OutputLog
 from gridd.agents.process import AgentProcess, ExitStatus, ShimStarter
+from gridd.agents.wakeups import Wakeup, Wakeups
 from gridd.agents.watch import Poll, RunWatch
 from gridd.background import Background
-from gridd.errors import Conflict, GriddError
+from gridd.errors import Conflict, GriddError, StoreError
 from gridd.events import EventBus
-from gridd.health import LAUNCH_HINT, Limits, Verdict, assess
+from gridd.health import LAUNCH_HINT, Limits, Verdict, assess, next_change
 from gridd.model import Agent, AgentStatus, Question, Task, TaskStatus, utcnow
+from gridd.plan import RATE_LIMIT_RESET
 from gridd.questions import QuestionBook
 from gridd.settings import AgentProfile, Settings
 from gridd.state import GridState
@@ -35,10 +37,14 @@ from gridd.worktrees import Worktrees
 
 log = logging.getLogger(__name__)
 
-POLL_SECONDS = 0.02
-QUIET_POLL_SECONDS = 0.05
-QUIET_AFTER_SECONDS = 2.0
+#: A look at a run indexes at most this many chunks (``OutputLog.poll``); a full look
+#: means more may be waiting, so the watcher looks again at once instead of sleeping.
+MAX_CHUNKS_PER_LOOK = 16
+#: Where nothing reports the shim's death (no pidfd) the watcher asks the OS this often.
 LIVENESS_SECONDS = 0.5
+#: A state database that cannot be written: retry watching after this (doubling, capped).
+STORE_RETRY_SECONDS = 0.5
+STORE_RETRY_MAX_SECONDS = 10.0
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 
@@ -55,13 +61,29 @@ def render_command(command: list[str], values: Mapping[str, str]) -> list[str]:
     return [_PLACEHOLDER.sub(value_of, arg) for arg in command]
 
 
-def continuation_prompt(task: Task, session: int) -> str:
+def continuation_prompt(task: Task, session: int, *, rate_limited: bool = False) -> str:
     base_prompt = task.prompt or task.title
     summary = (task.summary or "").strip() or "(the previous session left no summary)"
+    if rate_limited:
+        return (
+            f"{base_prompt}\n\n---\nThe earlier session on this task was interrupted by a"
+            " rate limit (the provider's usage limit), which has now reset. Continue the task"
+            " from where it stopped; the worktree and branch still hold its work."
+            f" Where it stopped:\n{summary}"
+        )
     return (
         f"{base_prompt}\n\n---\nThis is session {session} of {task.max_sessions} on this task."
         " The previous session ended by asking to continue. Its summary:\n"
         f"{summary}\n\nThe worktree and branch still hold its work; carry on from there."
+    )
+
+
+def feedback_prompt(task: Task) -> str:
+    """The prompt of a run sent back by a reviewer (reject) or by the merge queue."""
+    base_prompt = task.prompt or task.title
+    return (
+        f"{base_prompt}\n\n---\nYour earlier work on this task is in this worktree and on"
+        f" its branch. It was sent back to you:\n\n{task.feedback}\n"
     )
 
 
@@ -90,6 +112,14 @@ class AgentPool:
         self.handles: dict[str, AgentProcess] = {}
         self.shims = ShimStarter(workspace.runs_dir / "spare-shim.log")
         self.runs: dict[str, RunWatch] = {}
+        watch = settings.watch
+        #: What wakes the watchers: file notifications, the shims' exits, a safety-net sweep.
+        self.wakeups = Wakeups(
+            notify=watch.notify,
+            sweep_seconds=watch.sweep_seconds,
+            fallback_seconds=watch.fallback_seconds,
+        )
+        self._sweeping = False
         self.started_mono: dict[str, float] = {}
         self.starting: set[str] = set()
         #: Task ids whose agent has exited and is being finished (commit, new status): until
@@ -164,16 +194,22 @@ class AgentPool:
         continuing = task.sessions > 0
         attempt = task.attempts if continuing else task.attempts + 1
         session_number = task.sessions + 1
-        prompt = (
-            continuation_prompt(task, session_number) if continuing else (task.prompt or task.title)
-        )
+        if continuing:
+            resumed = task.error == RATE_LIMIT_RESET
+            prompt = continuation_prompt(task, session_number, rate_limited=resumed)
+        elif task.feedback:
+            prompt = feedback_prompt(task)
+        else:
+            prompt = task.prompt or task.title
         agent_id = f"{profile_name}-{self.state.store.next_counter('agent')}"
         run_dir = self.ws.runs_dir / agent_id
         argv = render_command(
             profile.command,
             {"prompt": prompt, "task_id": task.id, "worktree": str(worktree.path)},
         )
-        previous_session = self._previous_session_id(task.id) if continuing else None
+        argv += adapter.extra_args(argv)
+        resumes = continuing or bool(task.feedback)  # the same conversation, sent back
+        previous_session = self._previous_session_id(task.id) if resumes else None
         if previous_session and profile.adapter == "claude":
             argv += ["--resume", previous_session]
         env = {
@@ -360,17 +396,58 @@ class AgentPool:
 
     # -- watching ------------------------------------------------------------------------------
 
+    def _wakeup(self, agent_id: str, handle: AgentProcess, run: RunWatch) -> Wakeup:
+        """The watcher's alarm clock (``agents/wakeups.py``); the sweep starts with the first."""
+        if not self._sweeping:
+            self._sweeping = True
+            self.wakeups.start()
+            self.background.spawn("agent-wakeups", self.wakeups.run())
+        return self.wakeups.watch(
+            handle.run_dir,
+            unread=run.unread,
+            shim_pid=handle.shim_pid if handle.shim_create_time is not None else None,
+            shim_alive=handle.shim_alive,
+        )
+
     async def _watch(self, agent_id: str) -> None:
+        """Watch one agent until it has exited and been finished. A state database that
+        cannot be written (a full or read-only disk) pauses the watching, never ends it:
+        the agent's output stays in its run files and the watch resumes once writes work."""
+        pause = STORE_RETRY_SECONDS
+        while True:
+            try:
+                await self._watch_once(agent_id)
+                return
+            except StoreError as exc:
+                log.error("agent %s: %s; watching again in %.0fs", agent_id, exc.message, pause)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, STORE_RETRY_MAX_SECONDS)
+
+    async def _watch_once(self, agent_id: str) -> None:
         handle, run = self.handles[agent_id], self.runs[agent_id]
+        wake = self._wakeup(agent_id, handle, run)
+        try:
+            await self._watch_run(agent_id, handle, run, wake)
+        finally:
+            self.wakeups.unwatch(wake)
+
+    async def _watch_run(
+        self, agent_id: str, handle: AgentProcess, run: RunWatch, wake: Wakeup
+    ) -> None:
+        """Look at the run each time something happened to it (see ``Wakeups``): new output
+        or heartbeats, ``exit.json``, the shim's death, or a health deadline."""
         next_liveness = 0.0
         while True:
+            wake.clear()  # before looking: a write from here on wakes us again
             status = handle.exit_status()
             polled = run.poll(final=status is not None)
             self._apply(agent_id, run, polled)
             now = time.monotonic()
             # Asking the OS whether the shim lives costs far more than reading two files:
-            # exit.json is the normal way out, so this is only the safety net, twice a second.
-            if status is None and now >= next_liveness and not handle.shim_alive():
+            # exit.json is the normal way out and a pidfd reports the shim's death, so this
+            # is only the safety net where no pidfd watches it (or the agent is orphaned).
+            ask_os = wake.shim_gone or (not wake.shim_watched and now >= next_liveness)
+            if status is None and ask_os and not handle.shim_alive():
                 # The shim writes exit.json just before it exits: look once more.
                 status = handle.exit_status() or self._orphaned(agent_id, handle, run)
             if status is None and now >= next_liveness:
@@ -385,12 +462,27 @@ class AgentPool:
                     await self.on_exit(agent_id, status, run)
                 return
             self._check_health(agent_id, run)
-            if polled.chunks:
-                await asyncio.sleep(0)
-            else:
-                # Quiet agents are looked at less often: polling is the daemon's idle cost.
-                quiet = run.last_life is None or now - run.last_life > QUIET_AFTER_SECONDS
-                await asyncio.sleep(QUIET_POLL_SECONDS if quiet else POLL_SECONDS)
+            if len(polled.chunks) >= MAX_CHUNKS_PER_LOOK:
+                await asyncio.sleep(0)  # more may be waiting: let others run, then go on
+                continue
+            await wake.wait(self._sleep_for(agent_id, run, wake))
+
+    def _sleep_for(self, agent_id: str, run: RunWatch, wake: Wakeup) -> float | None:
+        """How long a watcher may sleep when nothing wakes it: until its next health verdict,
+        or the liveness check where nothing reports the shim's death."""
+        agent = self.state.agents[agent_id]
+        limits = self._limits(agent)
+        started = self.started_mono.get(agent_id, time.monotonic())
+        health_due = next_change(
+            now=time.monotonic(), started=started, last_life=run.last_life, limits=limits
+        )
+        if agent.status not in (AgentStatus.RUNNING, AgentStatus.STARTING):
+            # Stopping, or waiting for a human: silence is expected. Look now and then all
+            # the same: an answer makes it running again, and its clock starts anew.
+            health_due = self.wakeups.sweep_seconds
+        liveness = None if wake.shim_watched and not run.orphaned else LIVENESS_SECONDS
+        waits = [w for w in (health_due, liveness) if w is not None]
+        return min(waits) if waits else None
 
     def _orphaned(self, agent_id: str, handle: AgentProcess, run: RunWatch) -> ExitStatus | None:
         """The shim is gone without a readable exit record. While the agent itself still
@@ -450,9 +542,11 @@ class AgentPool:
         if changes:
             # Heartbeats, costs and session ids are persisted; output position is derivable.
             persist = bool(polled.beats) or any(
-                k in changes for k in ("cost_usd", "session_id", "result", "stalled")
+                k in changes for k in ("cost_usd", "session_id", "result", "stalled", "model")
             )
             self.state.update_agent(agent_id, persist=persist, **changes)
+        if run.adapter.ends_on_result and not run.session_ended and run.adapter.idle():
+            self._end_conversation(agent_id, run)
 
     def _signal(
         self, agent: Agent, run: RunWatch, sig: base.Signal, changes: dict[str, object]
@@ -488,16 +582,44 @@ class AgentPool:
         elif isinstance(sig, base.SessionId):
             changes["session_id"] = sig.value
         elif isinstance(sig, base.Result):
-            changes["result"] = sig.text[-2000:]
+            changes.update(result=sig.text[-2000:], current_tool=None)
         elif isinstance(sig, base.RateLimited):
+            if not run.rate_limit_published:  # one event per park, however often it is said
+                run.rate_limit_published = True
+                self.bus.publish(
+                    "agent.rate_limited",
+                    {
+                        "agentId": agent.id,
+                        "taskId": agent.task_id,
+                        "message": sig.message,
+                        "resetsAt": sig.resets_at,
+                        "limitType": sig.limit_type,
+                        "source": sig.source,
+                    },
+                )
+        elif isinstance(sig, base.Retrying):
             self.bus.publish(
-                "agent.rate_limited",
+                "agent.retrying",
                 {
                     "agentId": agent.id,
                     "taskId": agent.task_id,
-                    "message": sig.message,
-                    "resetsAt": sig.resets_at,
+                    "attempt": sig.attempt,
+                    "maxRetries": sig.max_retries,
+                    "delaySeconds": sig.delay,
+                    "error": sig.error,
+                    "status": sig.status,
                 },
+            )
+            changes.update(
+                activity="retrying", message=f"{sig.error or 'API error'}, attempt {sig.attempt}"
+            )
+        elif isinstance(sig, base.Usage):
+            changes.update(input_tokens=sig.input_tokens, output_tokens=sig.output_tokens)
+        elif isinstance(sig, base.ModelName):
+            changes["model"] = sig.name
+        elif isinstance(sig, base.ToolUse):
+            changes["current_tool"] = (
+                f"{sig.name}: {sig.summary}" if sig.name and sig.summary else sig.name
             )
         elif isinstance(sig, base.Malformed):
             self.bus.publish("agent.warning", {"agentId": agent.id, "warning": sig.message})
@@ -542,6 +664,53 @@ class AgentPool:
             )
         elif verdict is Verdict.STALL_KILL:
             self.request_stop(agent_id, f"stalled: silent for over {limits.stall_kill:g}s")
+
+    # -- ending a conversation ------------------------------------------------------------------
+
+    def _end_conversation(self, agent_id: str, run: RunWatch) -> None:
+        """The agent's last turn ended and nothing waits (no open question, no message not
+        yet taken up): close its stdin so it exits; TERM, then KILL, if it lingers."""
+        if self.questions.pending_for(agent_id):
+            return
+        handle = self.handles.get(agent_id)
+        if handle is None:
+            return
+        run.session_ended = True
+        handle.close_stdin()
+        self.background.spawn(f"end:{agent_id}", self._await_end(agent_id, handle))
+
+    async def _await_end(self, agent_id: str, handle: AgentProcess) -> None:
+        grace = self.settings.scheduler.stop_grace_seconds
+        for sig in (None, signal.SIGTERM, signal.SIGKILL):
+            if sig is not None:
+                log.warning(
+                    "agent %s did not exit after its result; sending %s", agent_id, sig.name
+                )
+                handle.signal(sig)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline:
+                if handle.exit_status() is not None or not handle.group_alive():
+                    return
+                await asyncio.sleep(0.02)
+
+    def follow_up(self, agent_id: str, text: str) -> None:
+        """Tell a working agent ``text`` unasked (``respond`` with no question pending)."""
+        run = self.runs.get(agent_id)
+        if run is None or agent_id not in self.handles:
+            raise Conflict(f"agent {agent_id!r} is not running", code="agent_not_running")
+        if run.session_ended:
+            raise Conflict(
+                f"agent {agent_id!r} has finished its conversation and is exiting",
+                code="agent_finishing",
+            )
+        line = run.adapter.encode_follow_up(text)
+        if line is None:
+            raise Conflict(
+                f"agent {agent_id!r} has no pending question and takes no other message",
+                code="no_pending_question",
+            )
+        self.write_stdin(agent_id, line)
+        run.last_life = time.monotonic()
 
     # -- stopping --------------------------------------------------------------------------------
 

@@ -13,16 +13,23 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from gridd import API_VERSION, HANDOVER_PROTOCOL, __version__
 from gridd.background import Background
 from gridd.commands import Commands
+from gridd.dbguard import Problem
 from gridd.events import EventBus
 from gridd.finish import Finisher
+from gridd.git import radar
+from gridd.git.conflicts import ConflictPolicy
+from gridd.git.merge import MergeQueue, PauseSeam
+from gridd.git.radar import Radar
 from gridd.metrics import DaemonMetrics
 from gridd.model import (
     DaemonInfo,
     Health,
+    Question,
     RepoState,
     TaskStatus,
     VersionInfo,
@@ -43,6 +50,9 @@ from gridd.workspace import Workspace
 from gridd.worktrees import Worktrees
 
 log = logging.getLogger(__name__)
+
+#: How often the database file is checked for having been unlinked or replaced.
+STORE_WATCH_SECONDS = 1.0
 
 TERMINAL_OK = frozenset({TaskStatus.DONE, TaskStatus.CANCELLED})
 
@@ -109,13 +119,44 @@ class Grid:
             path=os.environ.get("PATH", os.defpath),
             all_done=self._all_tasks_done,
         )
+        self.conflicts = ConflictPolicy(
+            settings=settings.merge,
+            state=self.state,
+            bus=self.bus,
+            worktrees=self.worktrees,
+            questions=self.questions,
+        )
+        pause = os.environ.get("GRIDD_TEST_MERGE_PAUSE")  # a test seam; see git/merge.py
+        self.merges = MergeQueue(
+            settings=settings.merge,
+            state=self.state,
+            bus=self.bus,
+            worktrees=self.worktrees,
+            integration_dir=workspace.grid_dir / "integration",
+            policy=self.conflicts,
+            background=self.background,
+            pause=PauseSeam(Path(pause) if pause else None),
+        )
         self.commands = Commands(
             settings=settings,
             state=self.state,
             pool=self.pool,
             scheduler=self.scheduler,
             questions=self.questions,
+            root=workspace.root,
         )
+        self.commands.merge_answers = self._merge_answer
+        self.radar = Radar(
+            state=self.state,
+            bus=self.bus,
+            root=workspace.root,
+            background=self.background,
+            period=settings.merge.radar_seconds,
+        )
+        if settings.merge.hold_overlapping:
+            self.scheduler.held = lambda: radar.held(
+                self.state.tasks.values(), self.radar.changed()
+            )
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -129,6 +170,8 @@ class Grid:
                 "daemon.store_quarantined",
                 {"reason": report.reason, "movedTo": [str(p) for p in report.quarantined]},
             )
+        for problem in report.problems:
+            self._store_problem(problem)
         self.bus.publish("daemon.started", {"pid": os.getpid(), "version": __version__})
         await self.worktrees.setup()
         self.workspace.runs_dir.mkdir(mode=0o700, exist_ok=True)
@@ -140,7 +183,15 @@ class Grid:
             self.beads.start()
         self.notifier.start()
         self.background.spawn("event-log-pruner", self._prune_loop())
+        self.background.spawn("store-watch", self._store_watch_loop())
         self.background.spawn("scheduler", self.scheduler.run())
+        self.merges.start()
+        self.radar.start()
+
+    def _merge_answer(self, question: Question, response: str) -> None:
+        self.background.spawn(
+            f"merge-answer:{question.task_id}", self.conflicts.answered(question, response)
+        )
 
     def _all_tasks_done(self) -> bool:
         tasks = self.state.tasks.values()
@@ -152,6 +203,7 @@ class Grid:
         self.pool.shims.close()
         self._end_streams()
         await self.background.stop()
+        self.pool.wakeups.close()
 
     def on_shutdown_request(self, callback: Callable[[], None]) -> None:
         self._shutdown_callback = callback
@@ -167,6 +219,20 @@ class Grid:
         self._end_streams()
         if self._shutdown_callback is not None:
             self._shutdown_callback()
+
+    def _store_problem(self, problem: Problem) -> None:
+        """Announce a threat to the state files: log, /health warning, event."""
+        log.error("state database: %s", problem.message)
+        self.warnings.append(problem.message)
+        self.bus.publish("daemon.store_problem", problem.wire())
+
+    async def _store_watch_loop(self) -> None:
+        """The database file unlinked or replaced under a running daemon is written back."""
+        while True:
+            await asyncio.sleep(STORE_WATCH_SECONDS)
+            problem = self.store.check_file()
+            if problem is not None:
+                self._store_problem(problem)
 
     async def _prune_loop(self) -> None:
         while True:
@@ -220,10 +286,13 @@ class Grid:
             pending_questions=self.questions.pending(),
             stats=self.state.stats(),
             daemon=self.daemon_info(),
+            conflicts=list(self.radar.items.values()),
         )
 
     def state_json(self) -> bytes:
-        """``RepoState`` as JSON, with the task list from the per-task cache (fast)."""
+        """``RepoState`` as JSON from the state cache: tasks and live agents are encoded once
+        per change (``GridState.tasks_json``, ``live_agents_json``), so a request costs the
+        same with one agent or hundreds, and nothing here walks every agent that ever ran."""
 
         def dump(value: WireModel | list[WireModel]) -> bytes:
             if isinstance(value, list):
@@ -233,9 +302,10 @@ class Grid:
         parts = [
             b'{"session":' + dump(self.state.session),
             b'"tasks":' + self.state.tasks_json(),
-            b'"agents":' + dump(list(self.state.live_agents())),
+            b'"agents":' + self.state.live_agents_json(),
             b'"pendingQuestions":' + dump(list(self.questions.pending())),
             b'"stats":' + dump(self.state.stats()),
-            b'"daemon":' + dump(self.daemon_info()) + b"}",
+            b'"daemon":' + dump(self.daemon_info()),
+            b'"conflicts":' + dump(list(self.radar.items.values())) + b"}",
         ]
         return b",".join(parts)

@@ -158,6 +158,26 @@ def builtin_profiles() -> dict[str, AgentProfile]:
     }
 
 
+class WatchSettings(_Section):
+    """How agent watchers learn that an agent wrote something (``agents/wakeups.py``)."""
+
+    notify: bool = Field(
+        default=True, description="File notifications (inotify) wake watchers; false = poll"
+    )
+    sweep_seconds: float = Field(
+        default=2.0,
+        ge=0.05,
+        le=60,
+        description="Safety-net sweep for missed notifications (with notifications on)",
+    )
+    fallback_seconds: float = Field(
+        default=0.05,
+        ge=0.005,
+        le=60,
+        description="Poll interval where notifications are off or unavailable (macOS)",
+    )
+
+
 class BeadsSettings(_Section):
     """The beads (``bd``) task source."""
 
@@ -230,6 +250,43 @@ class NotificationSettings(_Section):
     )
 
 
+class MergeSettings(_Section):
+    """``[merge]``: how approved tasks are merged into the session's feature branch."""
+
+    strategy: Literal["merge", "squash", "rebase"] = Field(
+        default="merge",
+        description="merge: a --no-ff merge commit naming the task; squash: one commit;"
+        " rebase: the task's commits replayed on the feature branch, then fast-forward",
+    )
+    check: list[str] = Field(
+        default_factory=list,
+        description="argv run in the integration worktree on the merged result; non-zero"
+        " exit refuses the merge ([] = no check)",
+    )
+    check_timeout_seconds: float = Field(
+        default=600.0, gt=0, le=24 * 3600, description="The check is killed after this long"
+    )
+    on_conflict: Literal["agent", "human", "fail"] = Field(
+        default="agent",
+        description="Default session policy for a conflicting or failing merge: agent (rerun"
+        " the task's agent on the conflict), human (back to review, a question asked), fail",
+    )
+    remove_worktree: bool = Field(
+        default=True, description="Remove a merged task's worktree (only if clean and merged)"
+    )
+    delete_branch: bool = Field(
+        default=False,
+        description="Delete a merged task's branch (only when the feature branch contains it)",
+    )
+    hold_overlapping: bool = Field(
+        default=False,
+        description="Hold back a ready task whose declared files overlap a live task's",
+    )
+    radar_seconds: float = Field(
+        default=3.0, gt=0, le=3600, description="Conflict radar refresh period per live task"
+    )
+
+
 class Settings(_Section):
     """All of gridd's settings, grouped by the part of the daemon they steer."""
 
@@ -238,7 +295,9 @@ class Settings(_Section):
     scheduler: SchedulerSettings = SchedulerSettings()
     agents: dict[str, AgentProfile] = Field(default_factory=dict)
     beads: BeadsSettings = BeadsSettings()
+    watch: WatchSettings = WatchSettings()
     notifications: NotificationSettings = NotificationSettings()
+    merge: MergeSettings = MergeSettings()
 
     def profiles(self) -> dict[str, AgentProfile]:
         """Built-in profiles overlaid with the configured ones."""

@@ -10,18 +10,32 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from pydantic import BaseModel
+
+from gridd.dbguard import (
+    FileWatch,
+    Problem,
+    aside_name,
+    check_before_open,
+    new_identity,
+    read_marker,
+    write_marker,
+)
 from gridd.errors import StoreError
 from gridd.model import Agent, Event, Question, Task, isotime, utcnow
 
 log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
 
 #: Each entry upgrades the schema by one version; never edit a released entry.
 MIGRATIONS: list[str] = [
@@ -72,6 +86,8 @@ class OpenReport:
 
     quarantined: list[Path] = field(default_factory=list)
     reason: str | None = None
+    #: Silent-loss checks (see ``dbguard``) and rows that could not be loaded.
+    problems: list[Problem] = field(default_factory=list)
 
 
 def _quarantine(db_path: Path, reason: str) -> list[Path]:
@@ -103,13 +119,18 @@ class Store:
         self._conn = conn
         self.path = path
         self.report = report
+        self._after_commit: list[Callable[[], None]] = []
+        self._watch = FileWatch(path)
+        # Ids are handed out from here, never by SQLite alone: a rolled-back insert would
+        # otherwise give its id to the next event (and a client may have been told of it).
+        self._next_event_id = self._max_event_id() + 1
 
     # -- opening -------------------------------------------------------------------------
 
     @classmethod
     def open(cls, path: Path) -> Store:
         """Open (creating or migrating) the database; quarantine it if it is corrupt."""
-        report = OpenReport()
+        report = OpenReport(problems=check_before_open(path))
         try:
             conn = cls._connect_and_migrate(path)
         except sqlite3.DatabaseError as exc:
@@ -121,7 +142,35 @@ class Store:
                 conn = cls._connect_and_migrate(path)
             except sqlite3.DatabaseError as exc2:
                 raise StoreError(f"cannot create a new database at {path}: {exc2}") from None
-        return cls(conn, path, report)
+        store = cls(conn, path, report)
+        store._check_identity()
+        return store
+
+    def _check_identity(self) -> None:
+        """Give a new database its identity; notice one that is not the one gridd made."""
+        marker = read_marker(self.path)
+        identity = self.get_meta("identity")
+        if identity is None:
+            identity = new_identity()
+            self.set_meta("identity", identity)
+            if marker is not None and not self.report.problems and not self.report.quarantined:
+                self.report.problems.append(
+                    Problem(
+                        "db_replaced",
+                        f"{self.path} holds no gridd state although gridd had a database"
+                        f" there (identity {marker}); the old state is not in it",
+                    )
+                )
+        elif marker is not None and marker != identity:
+            self.report.problems.append(
+                Problem(
+                    "db_replaced",
+                    f"{self.path} is another database (identity {identity}) than the one"
+                    f" gridd last used there ({marker})",
+                )
+            )
+        if marker != identity:
+            write_marker(self.path, identity)
 
     @staticmethod
     def _connect_and_migrate(path: Path) -> sqlite3.Connection:
@@ -165,22 +214,46 @@ class Store:
     def _exec(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         try:
             return self._conn.execute(sql, params)
-        except sqlite3.OperationalError as exc:
+        except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
+            if isinstance(exc, sqlite3.IntegrityError):
+                raise
             raise _store_error(exc) from exc
 
     def transaction(self) -> _Transaction:
-        return _Transaction(self._conn)
+        return _Transaction(self)
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._conn.in_transaction
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the open transaction commits (at once when none is open);
+        a rollback forgets it. This is how an event is published only once it is durable."""
+        if self._conn.in_transaction:
+            self._after_commit.append(callback)
+        else:
+            callback()
+
+    def _committed(self) -> None:
+        callbacks, self._after_commit = self._after_commit, []
+        for callback in callbacks:
+            callback()
+
+    def _rolled_back(self) -> None:
+        self._after_commit.clear()
 
     # -- events --------------------------------------------------------------------------
 
     def append_event(self, type_: str, data: dict[str, Any], ts: datetime | None = None) -> Event:
         ts = ts or utcnow()
-        payload = json.dumps(data, separators=(",", ":"), default=str)
-        cur = self._exec(
-            "INSERT INTO events(type, data, ts) VALUES (?, ?, ?)", (type_, payload, isotime(ts))
+        payload = json.dumps(data, separators=(",", ":"), default=str, allow_nan=False)
+        event_id = self._next_event_id
+        self._exec(
+            "INSERT INTO events(id, type, data, ts) VALUES (?, ?, ?, ?)",
+            (event_id, type_, payload, isotime(ts)),
         )
-        event_id = cur.lastrowid
-        assert event_id is not None
+        # Spent even if the insert is rolled back later: ids only ever go up.
+        self._next_event_id = event_id + 1
         event = Event(id=event_id, type=type_, data=data, ts=ts)
         event._json = payload
         event._nbytes = len(payload)
@@ -216,6 +289,11 @@ class Store:
         row = self._exec("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
         return int(row[0]) if row else 0
 
+    def _max_event_id(self) -> int:
+        row = self._exec("SELECT MAX(id) FROM events").fetchone()
+        top = int(row[0]) if row and row[0] is not None else 0
+        return max(top, self.last_event_id())
+
     def first_event_id(self) -> int:
         """The oldest id still retained (``last + 1`` when the log is empty)."""
         row = self._exec("SELECT MIN(id) FROM events").fetchone()
@@ -240,12 +318,11 @@ class Store:
                 " ON CONFLICT(id) DO UPDATE SET status = excluded.status, doc = excluded.doc",
                 rows,
             )
-        except sqlite3.OperationalError as exc:
+        except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
             raise _store_error(exc) from exc
 
     def load_tasks(self) -> list[Task]:
-        rows = self._exec("SELECT doc FROM tasks").fetchall()
-        return [Task.model_validate_json(r[0]) for r in rows]
+        return self._load("tasks", Task)
 
     def save_agent(self, agent: Agent) -> None:
         self._exec(
@@ -255,8 +332,7 @@ class Store:
         )
 
     def load_agents(self) -> list[Agent]:
-        rows = self._exec("SELECT doc FROM agents").fetchall()
-        return [Agent.model_validate_json(r[0]) for r in rows]
+        return self._load("agents", Agent)
 
     def save_question(self, question: Question) -> None:
         self._exec(
@@ -266,8 +342,82 @@ class Store:
         )
 
     def load_questions(self) -> list[Question]:
-        rows = self._exec("SELECT doc FROM questions ORDER BY rowid").fetchall()
-        return [Question.model_validate_json(r[0]) for r in rows]
+        return self._load("questions", Question)
+
+    def _load(self, table: str, model: type[M]) -> list[M]:
+        """Every row of ``table`` that loads; one that does not is moved aside (into
+        ``meta`` as ``quarantined.<table>.<id>``) and reported, never fatal."""
+        rows = self._exec(f"SELECT id, doc FROM {table} ORDER BY rowid").fetchall()
+        loaded = []
+        for row_id, doc in rows:
+            try:
+                loaded.append(model.model_validate_json(doc))
+            except ValueError as exc:  # pydantic's ValidationError is a ValueError
+                self.quarantine_row(table, str(row_id), str(doc), str(exc).splitlines()[0:3])
+        return loaded
+
+    def quarantine_row(self, table: str, row_id: str, doc: str, reason: list[str]) -> None:
+        key = f"quarantined.{table}.{row_id}.{int(time.time())}"
+        with self.transaction():
+            self.set_meta(key, json.dumps({"doc": doc, "reason": reason}))
+            column = "key" if table == "meta" else "id"
+            self._exec(f"DELETE FROM {table} WHERE {column} = ?", (row_id,))
+        problem = Problem(
+            "row_unreadable",
+            f"{table} row {row_id!r} cannot be loaded ({'; '.join(reason)}); kept aside in"
+            f" the meta table as {key!r}",
+            (key,),
+        )
+        log.error("%s", problem.message)
+        self.report.problems.append(problem)
+
+    # -- the file under us ----------------------------------------------------------------
+
+    def check_file(self) -> Problem | None:
+        """Notice the database unlinked or replaced under us and write the live copy back
+        to its path (whatever was put there is kept aside). None when all is well."""
+        what = self._watch.changed()
+        if what is None or self._conn.in_transaction:
+            return None
+        moved: tuple[str, ...] = ()
+        tmp = self.path.with_name(self.path.name + ".restore")
+        tmp.unlink(missing_ok=True)
+        try:
+            dest = sqlite3.connect(tmp)
+            try:
+                self._conn.backup(dest)
+            finally:
+                dest.close()
+            if what == "replaced":
+                aside = aside_name(self.path)
+                self.path.rename(aside)
+                moved = (str(aside),)
+            old = self._conn
+            try:
+                old.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error:
+                pass
+            old.close()
+            for suffix in ("-wal", "-shm"):
+                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+            os.replace(tmp, self.path)
+            self._conn = self._connect_and_migrate(self.path)
+        except (OSError, sqlite3.Error) as exc:
+            log.error("cannot restore %s: %s", self.path, exc)
+            return Problem(
+                f"db_{what}",
+                f"{self.path} was {what} while gridd ran, and writing it back failed ({exc});"
+                " the daemon still holds the data: do not stop it before fixing the disk",
+            )
+        self._watch.rearm()
+        problem = Problem(
+            f"db_{what}",
+            f"{self.path} was {what} while gridd ran; the live database was written back"
+            + (f" (the file found there is kept as {Path(moved[0]).name})" if moved else ""),
+            moved,
+        )
+        log.error("%s", problem.message)
+        return problem
 
     def next_counter(self, name: str) -> int:
         """A persistent counter (agent numbers never repeat across restarts)."""
@@ -291,21 +441,56 @@ class Store:
 
 
 class _Transaction:
-    """``with store.transaction():`` groups writes atomically."""
+    """``with store.transaction():`` groups writes atomically. Callbacks registered with
+    ``after_commit`` inside it (the event bus's fan-out) run only once it has committed."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._conn = store._conn
 
     def __enter__(self) -> None:
-        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise _store_error(exc) from exc
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self._conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        if exc_type is None:
+            try:
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as commit_error:
+                self._rollback()
+                raise _store_error(commit_error) from commit_error
+            self._store._committed()
+        else:
+            self._rollback()
+
+    def _rollback(self) -> None:
+        try:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            log.error("rollback failed: %s", exc)
+        self._store._rolled_back()
+
+
+#: SQLite's words for a disk it cannot write to, and the code each becomes (507).
+_DISK_PROBLEMS = (
+    ("full", "disk_full", "the disk holding the state database is full"),
+    ("readonly", "disk_read_only", "the state database is on a read-only disk"),
+    ("read-only", "disk_read_only", "the state database is on a read-only disk"),
+)
 
 
 def _store_error(exc: sqlite3.Error) -> StoreError:
-    code = "disk_full" if "full" in str(exc).lower() else "store_error"
-    return StoreError(f"state database error: {exc}", code=code)
+    text = str(exc).lower()
+    for word, code, what in _DISK_PROBLEMS:
+        if word in text:
+            return StoreError(
+                f"{what}: nothing was recorded; free space (or make it writable) and retry ({exc})",
+                code=code,
+            )
+    return StoreError(f"state database error: {exc}", code="store_error")
 
 
 def _split_sql(script: str) -> list[str]:

@@ -7,6 +7,7 @@ and decides what to publish.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -45,10 +46,27 @@ class RunWatch:
         self.result: base.Result | None = None
         self.cost: float | None = None
         self.session_id: str | None = None
+        self.rate_limit: base.RateLimited | None = None
         self.launch_failed = False
         self.orphaned = False  # its shim died while the agent ran on
+        #: gridd ended the conversation after a final result (closed its stdin): how the
+        #: process then exits says nothing, the result does.
+        self.session_ended = False
+        self.rate_limit_published = False
         #: Chunks indexed before a restart but never published: the next poll returns them.
         self.pending: list[Chunk] = []
+
+    def unread(self) -> bool:
+        """True when the run's files hold something ``poll`` has not taken yet (or it has
+        ended): the safety-net sweep's question, two or three ``stat`` calls."""
+        if self.pending or self.output.size() > self.output.offset:
+            return True
+        try:
+            if os.stat(self.heartbeats.path).st_size > self.heartbeats.offset:
+                return True
+        except FileNotFoundError:
+            pass
+        return os.path.exists(self.output.log_path.parent / "exit.json")
 
     def poll(self, *, final: bool = False) -> Poll:
         result = Poll()
@@ -78,8 +96,12 @@ class RunWatch:
                 self.summary = signal.summary[-MAX_SUMMARY:]
         elif isinstance(signal, base.RateLimited):
             self.rate_limited = True
+            self.rate_limit = signal
             if signal.resets_at is not None:
                 self.rate_limited_until = datetime.fromtimestamp(signal.resets_at, UTC)
+        elif isinstance(signal, base.Retrying):
+            # Waiting out the API's retry delay is life, not silence.
+            self.last_life = time.monotonic() + signal.delay
         elif isinstance(signal, base.Result):
             self.result = signal
             if signal.text:

@@ -10,10 +10,30 @@ from starlette.responses import JSONResponse, Response
 
 from gridd.api.body import read_document
 from gridd.api.errors import query_flag, query_int, read_body, read_json, validate
+from gridd.api.paging import PAGE_QUERY, page_of, paged
 from gridd.api.spec import grid_of, table, wire
 from gridd.errors import BadRequest
-from gridd.model import Agent, Question, SessionState, Task, TaskStatus, WireModel
-from gridd.requests import PlanSpec, Respond, SessionStart, TaskPatch, TaskSpec, normalise_plan
+from gridd.git import diff, report
+from gridd.git.diff import TaskDiff
+from gridd.git.report import FeatureReport
+from gridd.model import (
+    Agent,
+    ConflictItem,
+    Question,
+    SessionState,
+    Task,
+    TaskStatus,
+    WireModel,
+)
+from gridd.requests import (
+    PlanSpec,
+    Reject,
+    Respond,
+    SessionStart,
+    TaskPatch,
+    TaskSpec,
+    normalise_plan,
+)
 
 
 class Waves(WireModel):
@@ -37,6 +57,10 @@ def _task_id(request: Request) -> str:
     return str(request.path_params["task_id"])
 
 
+def _id_of(item: Task | Agent | Question) -> str:
+    return item.id
+
+
 def _agent_id(request: Request) -> str:
     return str(request.path_params["agent_id"])
 
@@ -47,15 +71,17 @@ def _agent_id(request: Request) -> str:
 @table.add(
     "GET",
     "/tasks",
-    summary="All tasks (?status=ready,working filters)",
+    summary="All tasks (?status=ready,working filters; ?limit&after pages)",
     response=Task,
     response_list=True,
-    query={"status": "comma-separated statuses"},
+    query={"status": "comma-separated statuses", **PAGE_QUERY},
 )
 async def list_tasks(request: Request) -> Response:
     grid = grid_of(request)
     raw = request.query_params.get("status")
     if not raw:
+        if paged(request):
+            return page_of(request, list(grid.state.tasks.values()), key=_id_of)
         return Response(grid.state.tasks_json(), media_type="application/json")
     try:
         wanted = {TaskStatus(s.strip()) for s in raw.split(",") if s.strip()}
@@ -64,7 +90,10 @@ async def list_tasks(request: Request) -> Response:
             f"unknown status in {raw!r}; known: {', '.join(s.value for s in TaskStatus)}",
             code="bad_query",
         ) from None
-    return wire([t for t in grid.state.tasks.values() if t.status in wanted])
+    matching = [t for t in grid.state.tasks.values() if t.status in wanted]
+    if paged(request):
+        return page_of(request, matching, key=_id_of)
+    return wire(matching)  # type: ignore[arg-type]
 
 
 @table.add(
@@ -130,11 +159,51 @@ async def stop_task(request: Request) -> Response:
 @table.add(
     "POST",
     "/tasks/{task_id}/approve",
-    summary="Approve a task in review: it becomes done",
+    summary="Approve a task in review: it is queued for the merge into the feature branch"
+    " (merging), done once merged; done at once when the session has no feature branch",
     response=Task,
 )
 async def approve_task(request: Request) -> Response:
     return wire(grid_of(request).commands.approve_task(_task_id(request)))
+
+
+@table.add(
+    "POST",
+    "/tasks/{task_id}/reject",
+    summary="Send a task in review back to its agent with feedback (409 unless in review)",
+    body=Reject,
+    response=Task,
+)
+async def reject_task(request: Request) -> Response:
+    req = await read_body(request, Reject)
+    return wire(grid_of(request).commands.reject_task(_task_id(request), req.feedback))
+
+
+@table.add(
+    "GET",
+    "/tasks/{task_id}/diff",
+    summary="The task's change against the commit its branch started from (409 if no branch)",
+    response=TaskDiff,
+)
+async def task_diff(request: Request) -> Response:
+    grid = grid_of(request)
+    task = grid.commands.task(_task_id(request))
+    return wire(await diff.task_diff(grid.workspace.root, task))
+
+
+class Conflicts(WireModel):
+    conflicts: list[ConflictItem]
+
+
+@table.add(
+    "GET",
+    "/conflicts",
+    summary="The conflict radar: live tasks changing the same files (with each other, or with"
+    " what landed on the feature branch since they branched), and predicted conflicts",
+    response=Conflicts,
+)
+async def conflicts(request: Request) -> Response:
+    return wire(Conflicts(conflicts=list(grid_of(request).radar.items.values())))
 
 
 # -- plans ------------------------------------------------------------------------------------------
@@ -177,13 +246,14 @@ async def show_plan(request: Request) -> Response:
 @table.add(
     "POST",
     "/session/start",
-    summary="Start a session: ready tasks get agents",
+    summary="Start a session: the feature branch is created (or continued), then ready"
+    " tasks get agents (409 if it is checked out in a worktree, 422 if not a branch name)",
     body=SessionStart,
     response=SessionState,
 )
 async def start_session(request: Request) -> Response:
     req = await read_body(request, SessionStart)
-    return wire(grid_of(request).commands.start_session(req))
+    return wire(await grid_of(request).commands.begin_session(req))
 
 
 @table.add(
@@ -197,20 +267,36 @@ async def stop_session(request: Request) -> Response:
     return wire(grid_of(request).commands.stop_session(force=query_flag(request, "force")))
 
 
+@table.add(
+    "POST",
+    "/session/finish",
+    summary="Stop the session (gracefully) and report what its feature branch holds against"
+    " its base; nothing is merged into the base or pushed (409 no_feature_branch)",
+    response=FeatureReport,
+)
+async def finish_session(request: Request) -> Response:
+    grid = grid_of(request)
+    grid.commands.stop_session(force=False)
+    tasks = list(grid.state.tasks.values())
+    return wire(await report.feature_report(grid.workspace.root, grid.state.session, tasks))
+
+
 # -- agents -----------------------------------------------------------------------------------------
 
 
 @table.add(
     "GET",
     "/agents",
-    summary="Running agents (?all=1 includes exited ones)",
+    summary="Running agents (?all=1 includes exited ones; ?limit&after pages)",
     response=Agent,
     response_list=True,
-    query={"all": "1 to include exited agents"},
+    query={"all": "1 to include exited agents", **PAGE_QUERY},
 )
 async def list_agents(request: Request) -> Response:
     state = grid_of(request).state
     agents = list(state.agents.values()) if query_flag(request, "all") else state.live_agents()
+    if paged(request):
+        return page_of(request, agents, key=_id_of)
     return wire(agents)  # type: ignore[arg-type]
 
 
@@ -270,11 +356,13 @@ async def agent_output(request: Request) -> Response:
     summary="Pending questions from agents (?all=1 includes answered and closed ones)",
     response=Question,
     response_list=True,
-    query={"all": "1 to include answered and closed questions"},
+    query={"all": "1 to include answered and closed questions", **PAGE_QUERY},
 )
 async def list_questions(request: Request) -> Response:
     book = grid_of(request).questions
     items = list(book.questions.values()) if query_flag(request, "all") else book.pending()
+    if paged(request):
+        return page_of(request, items, key=_id_of)
     return wire(items)  # type: ignore[arg-type]
 
 

@@ -22,6 +22,7 @@ from gridd.errors import GriddError
 from gridd.model import (
     Agent,
     AgentStatus,
+    ConflictItem,
     Question,
     QuestionStatus,
     RepoState,
@@ -192,6 +193,26 @@ def _task_notes(state: RepoState, *, now: datetime | None = None) -> Text | None
     return Text("; ".join(notes), style="yellow") if notes else None
 
 
+def conflict_lines(items: list[ConflictItem]) -> list[Text]:
+    """One line per conflict radar finding (``gridctl status`` and ``gridctl conflicts``)."""
+    lines = []
+    for item in items:
+        who = " + ".join(item.tasks)
+        if item.kind == "feature":
+            who += " + the feature branch"
+        files = ", ".join(item.files[:5]) + (" ..." if len(item.files) > 5 else "")
+        if item.predicted_conflict:
+            lines.append(
+                Text.assemble(
+                    ("conflict predicted: ", "bold red"),
+                    f"{who} in {', '.join(item.conflict_files[:5])}",
+                )
+            )
+        else:
+            lines.append(Text.assemble(("overlap: ", "yellow"), f"{who} both change {files}"))
+    return lines
+
+
 def agent_status(agent: Agent, *, now: datetime | None = None) -> Text:
     text = agent.status.value
     if agent.exit_code is not None:
@@ -207,15 +228,27 @@ def agent_status(agent: Agent, *, now: datetime | None = None) -> Text:
 
 
 def _activity(agent: Agent) -> str:
+    if agent.current_tool and agent.status != "exited":
+        return clip(f"using {agent.current_tool}", 50)
     parts = [part for part in (agent.activity, agent.message) if part]
     return clip(": ".join(parts), 50) if parts else "-"
+
+
+def _spend(agent: Agent) -> str:
+    """Cost, and the tokens when the agent reports them ("$0.42, 12.3k tokens")."""
+    tokens = (agent.input_tokens or 0) + (agent.output_tokens or 0)
+    if not tokens:
+        return money(agent.cost_usd)
+    shown = f"{tokens / 1000:.1f}k" if tokens >= 1000 else str(tokens)
+    return f"{money(agent.cost_usd)}, {shown} tokens"
 
 
 def agents_table(
     agents: Iterable[Agent], *, empty: str = "no agents", now: datetime | None = None
 ) -> RenderableType:
     """Agents, one row each: id, task (and session), profile, status (exit code, how long it
-    has waited, stalled), pid, age, cost, activity and last output."""
+    has waited, stalled), pid, age, cost (and tokens), activity (the tool in use, if any) and
+    last output."""
     rows = list(agents)
     if not rows:
         return Text(empty, style="dim")
@@ -234,7 +267,7 @@ def agents_table(
             *_plain(
                 str(a.pid) if a.pid is not None else "-",
                 duration(max(elapsed, 0.0)),
-                money(a.cost_usd),
+                _spend(a),
                 _activity(a),
                 clip(a.last_output, 60),
             ),
@@ -304,6 +337,7 @@ def status_view(state: RepoState, *, now: datetime | None = None) -> RenderableT
     notes = _task_notes(state, now=now)
     if notes is not None:
         parts.append(notes)
+    parts += conflict_lines(state.conflicts)
     parts += [
         Text(""),
         agents_table(state.agents, now=now),

@@ -54,7 +54,7 @@ export class RepoStore {
           for (const t of tasks) byId.set(t.id, { ...byId.get(t.id), ...t });
           s.tasks = [...byId.values()];
         }
-        s.stats = { ...s.stats, ...countByStatus(s.tasks) };
+        s.stats = withCounts(s.stats, s.tasks);
         return true;
       }
       case "session.started":
@@ -158,6 +158,15 @@ export class RepoStore {
     this.loaded = true;
   }
 }
+
+/** The stats with every per-status counter recomputed from `tasks` (other keys kept). */
+export function withCounts(stats: Record<string, number>, tasks: readonly Task[]): Record<string, number> {
+  const out: Record<string, number> = { ...stats };
+  for (const key of STAT_KEYS) out[key] = 0;
+  return { ...out, ...countByStatus(tasks) };
+}
+
+const STAT_KEYS = ["pending", "ready", "working", "review", "merging", "done", "failed", "blocked", "cancelled", "rateLimited"];
 
 export function countByStatus(tasks: readonly Task[]): Record<string, number> {
   const out: Record<string, number> = {};

@@ -13,7 +13,11 @@ interface Followed {
   readonly channel: vscode.OutputChannel;
   readonly follower: OutputFollower;
   readonly conn: FolderConnection;
+  /** What was written, up to TEXT_CAP characters (diagnosis and tests). */
+  text: string;
 }
+
+const TEXT_CAP = 4 * 1024 * 1024;
 
 export class AgentOutputs implements vscode.Disposable {
   private readonly followed = new Map<string, Followed>();
@@ -28,9 +32,13 @@ export class AgentOutputs implements vscode.Disposable {
       const channel = vscode.window.createOutputChannel(`gridd: ${agentId}`);
       const follower = new OutputFollower(
         (since) => conn.call<OutputPage>("GET", `/agents/${encodeURIComponent(agentId)}/output?since=${since}&limit=1000`),
-        (text) => channel.append(text),
+        (text) => {
+          channel.append(text);
+          if (created.text.length < TEXT_CAP) created.text += text;
+        },
       );
-      entry = { channel, follower, conn };
+      const created: Followed = { channel, follower, conn, text: "" };
+      entry = created;
       this.followed.set(key, entry);
       this.hook(conn);
     }
@@ -39,9 +47,10 @@ export class AgentOutputs implements vscode.Disposable {
     return entry.channel;
   }
 
-  /** The text followed so far for an agent (for tests and diagnosis). */
-  shownSeq(conn: FolderConnection, agentId: string): number | undefined {
-    return this.followed.get(`${conn.root}\0${agentId}`)?.follower.shown;
+  /** The last seq shown and the text written so far for an agent (diagnosis and tests). */
+  shown(conn: FolderConnection, agentId: string): { seq: number; text: string } | undefined {
+    const entry = this.followed.get(`${conn.root}\0${agentId}`);
+    return entry ? { seq: entry.follower.shown, text: entry.text } : undefined;
   }
 
   private hook(conn: FolderConnection): void {

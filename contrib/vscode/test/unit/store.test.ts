@@ -19,6 +19,7 @@ test("a snapshot replaces everything; tasks.changed merges partial tasks by id",
   assert.equal(s.task("a")?.title, "a", "fields the event left out are kept");
   assert.equal(s.task("b")?.status, "pending");
   assert.equal(s.state.stats["working"], 1);
+  assert.equal(s.state.stats["ready"], 0, "a status no task has any more counts 0");
   assert.equal(s.appliedId, 6);
 });
 

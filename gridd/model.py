@@ -119,6 +119,10 @@ class Agent(WireModel):
     result: str | None = None
     heartbeat_offset: int = 0
     waiting_since: datetime | None = None
+    model: str | None = None  # the model the agent runs, as it says (claude's system/init)
+    current_tool: str | None = None  # the tool it uses now ("Bash: npm test")
+    input_tokens: int | None = None  # tokens of this run so far, as the agent reports them
+    output_tokens: int | None = None
 
 
 class QuestionStatus(StrEnum):

@@ -13,6 +13,9 @@ from datetime import datetime
 
 from gridd.model import Task, TaskStatus
 
+#: The reason a rate-limited task is ready again (its next agent is told so).
+RATE_LIMIT_RESET = "rate limit reset"
+
 # -- the graph ----------------------------------------------------------------------------------
 
 
@@ -188,6 +191,9 @@ class Observed:
     budget_left: float | None = None  # USD the session may still spend; None: no cap
     estimates: Mapping[str, float] = field(default_factory=dict)  # USD per session, by profile
     stop_when_idle: bool = False  # stop the session (no_work) once every task has settled
+    #: Task ids whose agent has exited and whose work is being committed: no new agent for
+    #: them yet, but their slot is free (the commit is git's work, not an agent's).
+    finishing: frozenset[str] = frozenset()
     held: frozenset[str] = frozenset()  # ready tasks the conflict radar holds back
 
 
@@ -266,7 +272,7 @@ def plan(obs: Observed) -> list[Action]:
                 and task.resume_at is not None
                 and task.resume_at.timestamp() <= obs.wall_now
             ):
-                changes.append(SetStatus(task.id, TaskStatus.READY, "rate limit reset"))
+                changes.append(SetStatus(task.id, TaskStatus.READY, RATE_LIMIT_RESET))
                 statuses[task.id] = TaskStatus.READY
 
     # 3. starts: working tasks without an agent (explicit starts, crash leftovers) first,
@@ -278,11 +284,12 @@ def plan(obs: Observed) -> list[Action]:
 
     per_profile: dict[str, int] = {}
     for agent in obs.agents:
-        per_profile[agent.profile] = per_profile.get(agent.profile, 0) + 1
+        if agent.task_id not in obs.finishing:
+            per_profile[agent.profile] = per_profile.get(agent.profile, 0) + 1
     # A spawn in flight already holds its profile's slot (its agent does not exist yet).
     with_agent = {a.task_id for a in obs.agents}
     for task_id in obs.starting:
-        if task_id not in with_agent and task_id in by_id:
+        if task_id not in with_agent and task_id not in obs.finishing and task_id in by_id:
             profile = profile_of(by_id[task_id])
             per_profile[profile] = per_profile.get(profile, 0) + 1
 
@@ -303,7 +310,7 @@ def plan(obs: Observed) -> list[Action]:
 
     budget_blocked = False
     if obs.session_started and not obs.stop_file:
-        running = len(busy)
+        running = len(busy - obs.finishing)
         left = obs.budget_left
         for task in sorted(obs.tasks, key=_start_order):
             if running >= obs.max_agents:

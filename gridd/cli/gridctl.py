@@ -4,7 +4,8 @@ Every subcommand is a ``Command`` in ``COMMANDS`` (see ``gridd.cli.context``): a
 a function that adds its flags to its subparser, and a function that runs it with a
 ``Context``. Commands live by concept: ``tasks_cmd`` (task), ``plan_cmd`` (plan),
 ``session_cmd`` (session, agents, agent), ``questions_cmd`` (questions, answer, respond),
-``logs``, ``events_cmd``, ``watch`` (status --watch); status and daemon are here. Adding one
+``logs``, ``events_cmd``, ``watch`` (status --watch), ``metrics_cmd``, ``service_cmd``
+(service), ``doctor``, ``completion``, ``upgrade`` (daemon upgrade); status and daemon are here. Adding one
 means one ``COMMANDS`` entry. ``render`` and ``render_tasks`` format what they print.
 
 Exit codes: 0 ok, 1 error (any GriddError, printed as ``gridctl: <message> [<code>]``, then

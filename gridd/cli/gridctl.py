@@ -46,6 +46,7 @@ from gridd.cli.questions_cmd import ANSWER, QUESTIONS, RESPOND
 from gridd.cli.service_cmd import SERVICE
 from gridd.cli.session_cmd import AGENT, AGENTS, SESSION
 from gridd.cli.tasks_cmd import TASK
+from gridd.cli.trust_cmd import TRUST
 from gridd.errors import DaemonUnreachable, GriddError
 from gridd.model import ConflictItem
 
@@ -157,6 +158,7 @@ COMMANDS: dict[str, Command] = {
     "completion": COMPLETION,
     "service": SERVICE,
     "doctor": DOCTOR,
+    "trust": TRUST,
     "daemon": Command(
         help="start, stop, restart or check the workspace daemon",
         description="Manage the gridd process of this workspace. 'start' runs it detached;"

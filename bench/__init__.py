@@ -31,6 +31,7 @@ BENCHMARKS: list[str] = [
     "spawn",
     "beads",
     "throughput",
+    "waves",
     "scale",
     "output",
     "durability",

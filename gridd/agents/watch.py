@@ -7,6 +7,7 @@ and decides what to publish.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -69,6 +70,18 @@ class RunWatch:
                 for signal in self.adapter.feed_output(chunk.text):
                     self._note(signal)
             since = chunks[-1].seq
+
+    def unread(self) -> bool:
+        """True when the run's files hold something ``poll`` has not taken yet (or it has
+        ended): the safety-net sweep's question, two or three ``stat`` calls."""
+        if self.pending or self.output.size() > self.output.offset:
+            return True
+        try:
+            if os.stat(self.heartbeats.path).st_size > self.heartbeats.offset:
+                return True
+        except FileNotFoundError:
+            pass
+        return os.path.exists(self.output.log_path.parent / "exit.json")
 
     def poll(self, *, final: bool = False) -> Poll:
         result = Poll()

@@ -61,7 +61,7 @@ def create_app(grid: Grid) -> Starlette:
     app = Starlette(
         routes=table.routes(),
         exception_handlers=EXCEPTION_HANDLERS,
-        middleware=[Middleware(RequestTimer, registry=grid.metrics.registry)],
+        middleware=[Middleware(RequestTimer, stats=grid.metrics.requests)],
     )
     app.state.grid = grid
     app.state.openapi = table.openapi()

@@ -33,7 +33,7 @@ async def state(request: Request) -> Response:
     return Response(grid_of(request).state_json(), media_type="application/json")
 
 
-@table.add("POST", "/shutdown", summary="Graceful daemon shutdown")
+@table.add("POST", "/shutdown", summary="Graceful daemon shutdown", status=202)
 async def shutdown(request: Request) -> Response:
     grid = grid_of(request)
     # Answer first, then stop: the caller deserves to hear that we heard it.

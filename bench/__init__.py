@@ -31,12 +31,14 @@ BENCHMARKS: list[str] = [
     "spawn",
     "beads",
     "throughput",
+    "waves",
     "scale",
     "output",
     "durability",
     "questions",
     "metrics",
     "merge",
+    "claude_finish",
 ]
 
 __all__ = ["BENCHMARKS"]

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import uvicorn
 
+from gridd import trust
 from gridd.adapters.registry import get_adapter
 from gridd.api import create_app
 from gridd.api.protocol import gridd_protocol
@@ -282,6 +283,7 @@ def run(workspace: Path | None = None) -> int:
     logging_ready = False
     try:
         settings = load_settings(ws.config_path)
+        trust.require(ws.root, ws.config_path, os.environ)
         check_profiles(settings, source=str(ws.config_path))
         setup_logging(ws, settings)
         logging_ready = True

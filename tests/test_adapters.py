@@ -775,3 +775,32 @@ def test_fake_claude_usage_limit_and_garbage(tmp_path: Path) -> None:
     assert len([s for s in signals if isinstance(s, Malformed)]) == 1
     assert Activity("text", "Recovered.") in signals
     assert isinstance(signals[-1], Result) and signals[-1].ok
+
+
+def test_a_claude_run_replayed_after_a_restart_knows_its_final_result(tmp_path: Path) -> None:
+    from gridd.agents.output import OutputLog
+    from gridd.agents.watch import RunWatch
+
+    (tmp_path / "output.log").write_text(transcript("claude-permission.jsonl"))
+    log = OutputLog(tmp_path)
+    while log.poll(final=True):
+        pass
+    run = RunWatch(tmp_path, ClaudeAdapter())
+    run.replay(log.seq)
+    assert run.result is not None and run.result.ok
+    assert run.cost is not None and run.session_id == SID
+    # The permission was answered before the restart (its route is the adapter's own
+    # business): once that answer is known, the conversation is over.
+    assert run.adapter.ends_on_result
+
+
+def test_claude_continue_heartbeat_nudges_and_a_stall_nudge_can_be_turned_off() -> None:
+    from gridd.adapters.base import Nudge
+
+    beat_line = parse_beat('{"status": "continue", "message": "keep going"}')
+    assert beat_line is not None
+    assert Nudge("continue") in ClaudeAdapter().feed_heartbeat(beat_line)
+    assert ClaudeAdapter().stall_nudge() == "continue"
+    off = get_adapter("claude", options={"stall_nudge": False})
+    assert off.stall_nudge() is None
+    assert HeartbeatAdapter().stall_nudge() is None

@@ -13,6 +13,7 @@ from typing import Any
 
 from gridd.errors import Conflict, NotFound, ValidationFailed
 from gridd.ids import new_task_id, task_id_problem
+from gridd.lifecycle import move_task, task_can_move
 from gridd.model import Agent, AgentStatus, Question, SessionState, Task, TaskStatus, utcnow
 from gridd.plan import graph_problems, readiness, undone_dependencies, waves
 from gridd.pool import AgentPool
@@ -147,16 +148,27 @@ class Commands:
             if problems:
                 raise ValidationFailed(problems[0].message, code=f"plan_{problems[0].kind}")
             if task.status == TaskStatus.READY:
-                changes["status"] = TaskStatus.PENDING  # the scheduler re-derives readiness
+                # The scheduler re-derives readiness from the new dependencies.
+                updated = move_task(
+                    self.state,
+                    task_id,
+                    TaskStatus.PENDING,
+                    reason="dependencies changed",
+                    **changes,
+                )
+                self.state.flush()
+                return updated
         updated = self.state.update_task(task_id, **changes)
         self.state.flush()
         return updated
 
     def cancel_task(self, task_id: str) -> Task:
         task = self.task(task_id)
-        if task.status in (TaskStatus.DONE, TaskStatus.CANCELLED):
+        if not task_can_move(task.status, TaskStatus.CANCELLED):
             raise Conflict(f"task {task_id!r} is already {task.status.value}", code="task_finished")
-        updated = self.state.update_task(task_id, status=TaskStatus.CANCELLED, error="cancelled")
+        updated = move_task(
+            self.state, task_id, TaskStatus.CANCELLED, reason="cancelled by user", error="cancelled"
+        )
         self.state.flush()
         return updated
 
@@ -176,13 +188,15 @@ class Commands:
                 code="dependencies_not_done",
                 details={"dependencies": missing},
             )
-        changes: dict[str, Any] = {"status": TaskStatus.WORKING, "error": None}
+        changes: dict[str, Any] = {"error": None, "backoff_until": None}
         if task.status in (TaskStatus.FAILED, TaskStatus.BLOCKED):
             changes.update(attempts=0, sessions=0, summary=None)
         elif task.status == TaskStatus.RATE_LIMITED:
             changes.update(resume_at=None)  # it continues the parked session's work
         self.pool.not_before.pop(task_id, None)
-        updated = self.state.update_task(task_id, **changes)
+        updated = move_task(
+            self.state, task_id, TaskStatus.WORKING, reason="started by user", **changes
+        )
         self.state.flush()
         return updated
 
@@ -192,7 +206,7 @@ class Commands:
             raise Conflict(
                 f"task {task_id!r} is {task.status.value}, not working", code="task_not_working"
             )
-        updated = self.state.update_task(task_id, status=TaskStatus.READY)
+        updated = move_task(self.state, task_id, TaskStatus.READY, reason="stopped by user")
         agent = self.state.agent_for_task(task_id)
         if agent is not None:
             self.pool.request_stop(agent.id, "task stopped by user")
@@ -206,7 +220,7 @@ class Commands:
                 f"task {task_id!r} is {task.status.value}; only a task in review can be approved",
                 code="task_not_in_review",
             )
-        updated = self.state.update_task(task_id, status=TaskStatus.DONE)
+        updated = move_task(self.state, task_id, TaskStatus.DONE, reason="approved")
         self.state.flush()
         return updated
 
@@ -253,7 +267,13 @@ class Commands:
         task = self.state.tasks.get(agent.task_id)
         if task is not None and task.status == TaskStatus.WORKING:
             # A human killed it: park the task for a human rather than retrying at once.
-            self.state.update_task(task.id, status=TaskStatus.BLOCKED, error="agent killed by user")
+            move_task(
+                self.state,
+                task.id,
+                TaskStatus.BLOCKED,
+                reason="agent killed by user",
+                error="agent killed by user",
+            )
         self.pool.request_stop(agent_id, "killed by user", force=True)
         self.state.flush()
         return self.state.agents[agent_id]

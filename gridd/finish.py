@@ -18,6 +18,7 @@ from gridd.agents.process import ExitStatus
 from gridd.agents.watch import RunWatch
 from gridd.errors import GriddError
 from gridd.events import EventBus
+from gridd.lifecycle import move_agent, move_task
 from gridd.model import Agent, AgentStatus, Task, TaskStatus, utcnow
 from gridd.outcome import (
     Block,
@@ -115,9 +116,11 @@ class Finisher:
             self._settle(agent, status, run)
         task = self.state.tasks.get(agent.task_id)
         if task is not None and task.status == TaskStatus.WORKING:
-            self.state.update_task(
+            move_task(
+                self.state,
                 task.id,
-                status=TaskStatus.BLOCKED,
+                TaskStatus.BLOCKED,
+                reason="finishing failed",
                 error=f"could not record the agent's work: {message}",
             )
 
@@ -127,9 +130,11 @@ class Finisher:
         work is being committed finishes it again from ``exit.json`` on the next start."""
         profile = self.pool.profiles.get(agent.profile)
         cost = run.cost if run.cost is not None else (profile.cost_per_session if profile else None)
-        agent = self.state.update_agent(
+        agent = move_agent(
+            self.state,
             agent.id,
-            status=AgentStatus.EXITED,
+            AgentStatus.EXITED,
+            reason=f"exited ({status.code})" if status.error is None else status.error[:200],
             ended_at=utcnow(),
             exit_code=status.code,
             error=status.error,
@@ -217,9 +222,11 @@ class Finisher:
             base = task.base_commit or await self.worktrees.base_of(task.branch or "")
             changed = await self.worktrees.changed_files(Path(agent.worktree_path), base)
             agent = self._settle(agent, *ended)
-            self.state.update_task(
+            move_task(
+                self.state,
                 task.id,
-                status=TaskStatus.REVIEW,
+                TaskStatus.REVIEW,
+                reason="agent completed",
                 changed_files=changed,
                 error=None,
                 summary=None,
@@ -238,7 +245,13 @@ class Finisher:
         elif isinstance(outcome, Continue):
             await self._commit(agent, f"gridd: {task.id}: session {task.sessions} (continuing)")
             self._settle(agent, *ended)
-            self.state.update_task(task.id, status=TaskStatus.READY, summary=outcome.summary)
+            move_task(
+                self.state,
+                task.id,
+                TaskStatus.READY,
+                reason="agent asked to continue",
+                summary=outcome.summary,
+            )
             self.bus.publish(
                 "agent.continued",
                 {
@@ -255,9 +268,11 @@ class Finisher:
                 seconds=self.settings.scheduler.rate_limit_backoff_seconds
             )
             # Resuming continues this session's work (same worktree, a continuation prompt).
-            self.state.update_task(
+            move_task(
+                self.state,
                 task.id,
-                status=TaskStatus.RATE_LIMITED,
+                TaskStatus.RATE_LIMITED,
+                reason="usage limit reached",
                 resume_at=until,
                 error="usage limit reached",
                 summary=facts.summary or task.summary or "stopped by the provider's usage limit",
@@ -298,13 +313,21 @@ class Finisher:
         )
         if isinstance(outcome, Retry):
             self.pool.not_before[task.id] = time.monotonic() + self.pool.backoff(task.attempts)
-            self.state.update_task(
-                task.id, status=TaskStatus.READY, error=error, sessions=0, summary=None
+            move_task(
+                self.state,
+                task.id,
+                TaskStatus.READY,
+                reason="attempt failed; retrying",
+                error=error,
+                sessions=0,
+                summary=None,
             )
         elif isinstance(outcome, Fail):
-            self.state.update_task(task.id, status=TaskStatus.FAILED, error=error)
+            move_task(
+                self.state, task.id, TaskStatus.FAILED, reason="attempts used up", error=error
+            )
         else:
-            self.state.update_task(task.id, status=TaskStatus.BLOCKED, error=error)
+            move_task(self.state, task.id, TaskStatus.BLOCKED, reason="needs a human", error=error)
 
     def _write_failure(self, agent: Agent, task: Task, facts: RunFacts, error: str) -> Path:
         """What the next attempt should know (``GRID_PREVIOUS_FAILURE``)."""

@@ -26,6 +26,7 @@ from gridd.background import Background
 from gridd.errors import Conflict, GriddError
 from gridd.events import EventBus
 from gridd.health import LAUNCH_HINT, Limits, Verdict, assess
+from gridd.lifecycle import move_agent, move_task
 from gridd.model import Agent, AgentStatus, Question, Task, TaskStatus, utcnow
 from gridd.questions import QuestionBook
 from gridd.settings import AgentProfile, Settings
@@ -130,8 +131,12 @@ class AgentPool:
         first = self.state.tasks[task_id]
         claimer = self.claimers.get(first.source)
         if claimer is not None and first.attempts == 0 and not await claimer(first):
-            self.state.update_task(
-                task_id, status=TaskStatus.CANCELLED, error="claimed by someone else"
+            move_task(
+                self.state,
+                task_id,
+                TaskStatus.CANCELLED,
+                reason="claim lost",
+                error="claimed by someone else",
             )
             return
         adapter = get_adapter(profile.adapter, options=profile.adapter_options)
@@ -202,8 +207,13 @@ class AgentPool:
                 starter=self.shims,
             )
         except GriddError as exc:
-            self.state.update_agent(
-                agent_id, status=AgentStatus.EXITED, ended_at=utcnow(), error=exc.message
+            move_agent(
+                self.state,
+                agent_id,
+                AgentStatus.EXITED,
+                reason="spawn failed",
+                ended_at=utcnow(),
+                error=exc.message,
             )
             raise
         opening = adapter.initial_input(prompt)
@@ -212,13 +222,15 @@ class AgentPool:
         self.handles[agent_id] = handle
         self.runs[agent_id] = RunWatch(run_dir, adapter)
         self.started_mono[agent_id] = time.monotonic()
-        self.state.update_agent(
+        move_agent(
+            self.state,
             agent_id,
+            AgentStatus.RUNNING,
+            reason="spawned",
             pid=handle.pid,
             create_time=handle.create_time,
             shim_pid=handle.shim_pid,
             shim_create_time=handle.shim_create_time,
-            status=AgentStatus.RUNNING,
         )
         self.bus.publish(
             "agent.spawned",
@@ -245,13 +257,23 @@ class AgentPool:
         if task.status != TaskStatus.WORKING:
             return
         if attempts >= task.max_attempts:
-            self.state.update_task(
-                task_id, status=TaskStatus.FAILED, attempts=attempts, error=message
+            move_task(
+                self.state,
+                task_id,
+                TaskStatus.FAILED,
+                reason="could not start",
+                attempts=attempts,
+                error=message,
             )
         else:
             self.not_before[task_id] = time.monotonic() + self.backoff(attempts)
-            self.state.update_task(
-                task_id, status=TaskStatus.READY, attempts=attempts, error=message
+            move_task(
+                self.state,
+                task_id,
+                TaskStatus.READY,
+                reason="could not start; retrying",
+                attempts=attempts,
+                error=message,
             )
 
     def _task_agents(self, task_id: str) -> list[Agent]:
@@ -289,13 +311,15 @@ class AgentPool:
             )
             if adopted is not None:
                 handle = adopted
-                agent = self.state.update_agent(
+                agent = move_agent(
+                    self.state,
                     agent.id,
+                    AgentStatus.RUNNING,
+                    reason="adopted after a restart",
                     pid=handle.pid,
                     create_time=handle.create_time,
                     shim_pid=handle.shim_pid,
                     shim_create_time=handle.shim_create_time,
-                    status=AgentStatus.RUNNING,
                 )
         profile = self.profiles.get(agent.profile)
         try:
@@ -534,7 +558,7 @@ class AgentPool:
             return
         if agent.status == AgentStatus.STOPPING and not force:
             return
-        self.state.update_agent(agent_id, status=AgentStatus.STOPPING, stop_reason=reason)
+        move_agent(self.state, agent_id, AgentStatus.STOPPING, reason=reason, stop_reason=reason)
         self.background.spawn(f"stop:{agent_id}", self._stop(agent_id, force=force))
 
     async def _stop(self, agent_id: str, *, force: bool) -> None:

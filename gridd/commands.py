@@ -12,8 +12,9 @@ import logging
 from typing import Any
 
 from gridd.errors import Conflict, NotFound, ValidationFailed
+from gridd.faults import crash_point
 from gridd.ids import new_task_id, task_id_problem
-from gridd.lifecycle import move_task, task_can_move
+from gridd.lifecycle import intend_stop, move_task, task_can_move
 from gridd.model import Agent, AgentStatus, Question, SessionState, Task, TaskStatus, utcnow
 from gridd.plan import graph_problems, readiness, undone_dependencies, waves
 from gridd.pool import AgentPool
@@ -170,6 +171,7 @@ class Commands:
             self.state, task_id, TaskStatus.CANCELLED, reason="cancelled by user", error="cancelled"
         )
         self.state.flush()
+        crash_point(self.settings, "intent.recorded")
         return updated
 
     def start_task(self, task_id: str) -> Task:
@@ -209,8 +211,9 @@ class Commands:
         updated = move_task(self.state, task_id, TaskStatus.READY, reason="stopped by user")
         agent = self.state.agent_for_task(task_id)
         if agent is not None:
-            self.pool.request_stop(agent.id, "task stopped by user")
+            self._intend(agent.id, "stop", "task stopped by user")
         self.state.flush()
+        crash_point(self.settings, "intent.recorded")
         return updated
 
     def approve_task(self, task_id: str) -> Task:
@@ -222,6 +225,7 @@ class Commands:
             )
         updated = move_task(self.state, task_id, TaskStatus.DONE, reason="approved")
         self.state.flush()
+        crash_point(self.settings, "intent.recorded")
         return updated
 
     def waves(self) -> list[list[str]]:
@@ -274,9 +278,13 @@ class Commands:
                 reason="agent killed by user",
                 error="agent killed by user",
             )
-        self.pool.request_stop(agent_id, "killed by user", force=True)
+        self._intend(agent_id, "kill", "killed by user")
         self.state.flush()
+        crash_point(self.settings, "intent.recorded")
         return self.state.agents[agent_id]
+
+    def _intend(self, agent_id: str, intent: str, reason: str) -> None:
+        intend_stop(self.state, agent_id, intent, reason)
 
     def respond(self, agent_id: str, text: str) -> Question | None:
         """covend's respond: answers the agent's oldest open question, or, when it has

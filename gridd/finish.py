@@ -79,6 +79,7 @@ class Finisher:
         self.pool.handles.pop(agent.id, None)
         self.pool.runs.pop(agent.id, None)
         self.pool.started_mono.pop(agent.id, None)
+        self.pool.stops.pop(agent.id, None)
         task = self.state.tasks.get(agent.task_id)
         if task is None:
             self._settle(agent, status, run)

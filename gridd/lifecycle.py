@@ -246,3 +246,17 @@ def move_agent(
     updated = validated_agent(agent, changes)
     state.write_agent(updated)
     return updated
+
+
+def intend_stop(state: GridState, agent_id: str, intent: str, reason: str) -> Agent | None:
+    """Record that an agent should stop (``"stop"``) or be killed (``"kill"``). The
+    scheduler carries it out, after a restart too. A kill outranks a stop; an exited agent
+    needs nothing."""
+    agent = state.agents[agent_id]
+    if agent.status == AgentStatus.EXITED:
+        return None
+    if agent.intent == "kill" or agent.intent == intent:
+        return agent
+    updated = state.update_agent(agent_id, intent=intent, stop_reason=reason)
+    state.touch()
+    return updated

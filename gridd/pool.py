@@ -97,6 +97,9 @@ class AgentPool:
         #: that is done the task must not get another agent.
         self.finishing: set[str] = set()
         self.not_before: dict[str, float] = {}
+        #: Agents with a stop in flight in this daemon (True: a kill). The status says
+        #: ``stopping`` from an earlier daemon too; this says whether anyone acts on it.
+        self.stops: dict[str, bool] = {}
         #: Called before the first agent of a task from an external source starts;
         #: False means someone else owns the task (e.g. a lost beads claim).
         self.claimers: dict[str, Callable[[Task], Awaitable[bool]]] = {}
@@ -556,14 +559,17 @@ class AgentPool:
         agent = self.state.agents.get(agent_id)
         if agent is None or agent.status == AgentStatus.EXITED:
             return
-        if agent.status == AgentStatus.STOPPING and not force:
-            return
+        if agent_id in self.stops and (self.stops[agent_id] or not force):
+            return  # already being stopped (or killed) by this daemon
+        self.stops[agent_id] = force
         move_agent(self.state, agent_id, AgentStatus.STOPPING, reason=reason, stop_reason=reason)
         self.background.spawn(f"stop:{agent_id}", self._stop(agent_id, force=force))
 
     async def _stop(self, agent_id: str, *, force: bool) -> None:
         handle = self.handles.get(agent_id)
         if handle is None:
+            # Not watched yet (its spawn is still in flight): the next pass asks again.
+            self.stops.pop(agent_id, None)
             return
         if force:
             handle.signal(signal.SIGKILL)

@@ -15,8 +15,8 @@ import time
 
 from gridd.background import Background
 from gridd.events import EventBus
-from gridd.lifecycle import Move, move_task, move_tasks
-from gridd.model import AgentStatus, SessionState, TaskStatus, utcnow
+from gridd.lifecycle import Move, intend_stop, move_task, move_tasks
+from gridd.model import SessionState, TaskStatus, utcnow
 from gridd.plan import AgentView, Observed, SetStatus, StartTask, StopAgent, StopSession, plan
 from gridd.pool import AgentPool
 from gridd.settings import Settings
@@ -86,7 +86,10 @@ class Scheduler:
                     task_id=agent.task_id,
                     profile=agent.profile,
                     started=started,
-                    stopping=agent.status == AgentStatus.STOPPING,
+                    stopping=agent.id in self.pool.stops,
+                    intent=agent.intent,
+                    stop_reason=agent.stop_reason,
+                    killing=self.pool.stops.get(agent.id, False),
                 )
             )
         timeouts: dict[str, float] = {}
@@ -260,7 +263,8 @@ class Scheduler:
         if updates:
             move_tasks(self.state, updates)
         for agent in self.state.live_agents():
-            self.pool.request_stop(agent.id, f"session stopped ({reason})", force=force)
+            # Recorded, then carried out by the next pass (after a restart, too).
+            intend_stop(self.state, agent.id, "kill" if force else "stop", why)
         # Explicit starts without an agent yet also go back to waiting.
         leftovers = {
             t.id: Move(TaskStatus.READY, why)

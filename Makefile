@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 test: $(STAMP)
+	sh contrib/vscode/scripts/setup.sh
 	$(BIN)/pytest -n 2 --dist loadgroup -q
 
 lint: $(STAMP)

@@ -29,11 +29,13 @@ BENCHMARKS: list[str] = [
     "health_rps",
     "sse_fanout",
     "spawn",
+    "beads",
     "throughput",
     "scale",
     "output",
     "durability",
     "questions",
+    "metrics",
 ]
 
 __all__ = ["BENCHMARKS"]

@@ -5,7 +5,8 @@ also creates ``.grid/``, the database and its schema: the worst case), polls the
 5 ms with a fresh connection, and stops the daemon with SIGTERM.
 
 Baseline (same run): launching ``python -c "import starlette, uvicorn"`` to its exit, the
-floor any Starlette/uvicorn daemon pays. Target: median <= 0.5 s.
+floor any Starlette/uvicorn daemon pays. Target: median <= 0.3 s, with the bytecode cache
+on (``compileall`` of gridd first, as a wheel install does).
 Also reported: SIGTERM-to-exit time, and the import time of ``gridd.daemon`` alone.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 
 from bench.common import (
     PYTHON,
+    ROOT,
     Check,
     health_ok,
     launch_gridd,
@@ -28,7 +30,7 @@ from bench.common import (
 
 NAME = "cold_start"
 RUNS = 10
-TARGET_S = 0.5
+TARGET_S = 0.3
 
 
 def _time_command(argv: list[str]) -> float:
@@ -59,7 +61,10 @@ def _one_start() -> tuple[float, float]:
 
 
 def run(quick: bool) -> dict[str, Any]:
-    # Warm the page cache and .pyc files once so the first measured run is not an outlier.
+    # The bytecode cache on, as for an installed package: an editable install under
+    # PYTHONDONTWRITEBYTECODE=1 would otherwise compile all of gridd at every start.
+    subprocess.run([PYTHON, "-m", "compileall", "-q", str(ROOT / "gridd")], check=True)
+    # Warm the page cache once so the first measured run is not an outlier.
     _time_command([PYTHON, "-c", "import gridd.daemon, starlette, uvicorn"])
     baseline = [_time_command([PYTHON, "-c", "import starlette, uvicorn"]) for _ in range(RUNS)]
     imports = [_time_command([PYTHON, "-c", "import gridd.daemon"]) for _ in range(RUNS)]

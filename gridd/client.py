@@ -134,6 +134,15 @@ class GridClient:
     def post(self, path: str, body: Any = None, **kwargs: Any) -> Any:
         return self.request("POST", path, json=body, **kwargs)
 
+    def get_text(self, path: str) -> str:
+        """A GET whose answer is text, not JSON (``/metrics``)."""
+        try:
+            response = self._http.get(path)
+        except httpx.TransportError as exc:
+            raise _unreachable(self.socket_path, exc) from None
+        raise_for_error(response)
+        return response.text
+
     def events(
         self,
         *,

@@ -6,6 +6,7 @@
     │   ├── NotFound           404   unknown path or id
     │   ├── MethodNotAllowed   405
     │   ├── Conflict           409   the request clashes with current state
+    │   ├── PayloadTooLarge    413   a body (or a plan's expansion) over the limit
     │   └── ValidationFailed   422   well-formed but invalid values
     ├── WorkspaceError               no git repository, path too deep for a socket
     ├── ConfigError                  .grid/config.toml is invalid (names the key)
@@ -68,6 +69,11 @@ class MethodNotAllowed(ApiError):
 class Conflict(ApiError):
     code = "conflict"
     status = 409
+
+
+class PayloadTooLarge(ApiError):
+    code = "payload_too_large"
+    status = 413
 
 
 class ValidationFailed(ApiError):

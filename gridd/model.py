@@ -213,6 +213,7 @@ class VersionInfo(WireModel):
     api_version: int
     pid: int
     python: str
+    handover: int | None = None  # gridd.HANDOVER_PROTOCOL: which shims a successor can adopt
 
 
 class Health(WireModel):

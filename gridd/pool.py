@@ -132,22 +132,46 @@ class AgentPool:
         if profile is None:
             raise GriddError(f"unknown agent profile {profile_name!r}", code="unknown_profile")
         first = self.state.tasks[task_id]
-        claimer = self.claimers.get(first.source)
-        if claimer is not None and first.attempts == 0 and not await claimer(first):
-            move_task(
-                self.state,
-                task_id,
-                TaskStatus.CANCELLED,
-                reason="claim lost",
-                error="claimed by someone else",
-            )
-            return
         adapter = get_adapter(profile.adapter, options=profile.adapter_options)
         session = self.state.session
         base_branch = session.feature_branch if session.started else None
-        worktree = await self.worktrees.create(
+        making = self.worktrees.create(
             task_id, base_branch, known_base=first.base_commit if first.branch else None
         )
+        claimer = self.claimers.get(first.source)
+        if claimer is not None and first.attempts == 0:
+            # Claim while the worktree is made: both are process starts, neither needs the other.
+            claimed, made = await asyncio.gather(claimer(first), making, return_exceptions=True)
+            if claimed is not True:
+                if not isinstance(made, BaseException):
+                    await self.worktrees.discard(made)
+                if isinstance(claimed, BaseException):
+                    # bd could not answer: not an attempt, the claim is tried again later.
+                    self.not_before[task_id] = time.monotonic() + self.backoff(1)
+                    self.bus.publish(
+                        "task.start_failed", {"taskId": task_id, "error": f"claim: {claimed}"}
+                    )
+                    move_task(
+                        self.state,
+                        task_id,
+                        TaskStatus.READY,
+                        reason="claim failed; retrying",
+                        error=f"claim: {claimed}",
+                    )
+                    return
+                move_task(
+                    self.state,
+                    task_id,
+                    TaskStatus.CANCELLED,
+                    reason="claim lost",
+                    error="claimed by someone else",
+                )
+                return
+            if isinstance(made, BaseException):
+                raise made
+            worktree = made
+        else:
+            worktree = await making
         task = self.state.tasks.get(task_id)
         if task is None or task.status != TaskStatus.WORKING:
             return  # stopped or cancelled while the worktree was being made

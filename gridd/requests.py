@@ -1,13 +1,44 @@
-"""Request bodies of the API (validated with pydantic; unknown fields are refused)."""
+"""Request bodies of the API (validated with pydantic; unknown fields are refused).
+
+Text that can reach git (a title becomes a commit message, labels and profile names end up
+in argv and files) may not hold control characters; a prompt may hold newlines and tabs but
+no other control character. Numbers must be finite. In a patch, ``null`` clears a field
+that may be empty (``agent``, ``timeoutSeconds``) and is refused for any other.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from gridd.ids import branch_problem, task_id_problem
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL_BUT_WHITESPACE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def _no_control(value: str) -> str:
+    if match := _CONTROL.search(value):
+        raise ValueError(f"must not contain control characters (found {match.group()!r})")
+    return value
+
+
+def _text(value: str) -> str:
+    if match := _CONTROL_BUT_WHITESPACE.search(value):
+        raise ValueError(
+            f"must not contain control characters other than newline and tab"
+            f" (found {match.group()!r})"
+        )
+    return value
+
+
+#: One line of text: no control characters at all.
+Line = Annotated[str, AfterValidator(_no_control)]
+#: Free text: newlines and tabs allowed, other control characters not.
+Text = Annotated[str, AfterValidator(_text)]
 
 
 def _check_dependency_ids(value: list[str]) -> list[str]:
@@ -18,17 +49,19 @@ def _check_dependency_ids(value: list[str]) -> list[str]:
 
 
 class RequestModel(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", allow_inf_nan=False
+    )
 
 
 class TaskSpec(RequestModel):
     id: str | None = Field(None, description="generated from the title when omitted")
-    title: str = Field(min_length=1, max_length=500)
-    prompt: str = Field("", max_length=1_000_000)
+    title: Line = Field(min_length=1, max_length=500)
+    prompt: Text = Field("", max_length=1_000_000)
     priority: int = Field(2, ge=0, le=4, description="0 is highest, as in beads")
     depends_on: list[str] = Field(default_factory=list, max_length=1000)
-    labels: list[str] = Field(default_factory=list, max_length=100)
-    agent: str | None = Field(None, max_length=100, description="agent profile name")
+    labels: list[Line] = Field(default_factory=list, max_length=100)
+    agent: Line | None = Field(None, max_length=100, description="agent profile name")
     max_attempts: int | None = Field(None, ge=1, le=100)
     max_sessions: int | None = Field(None, ge=1, le=1000, description="agent sessions per task")
     timeout_seconds: float | None = Field(None, gt=0, le=7 * 24 * 3600)
@@ -47,14 +80,26 @@ class TaskSpec(RequestModel):
 
 
 class TaskPatch(RequestModel):
-    title: str | None = Field(None, min_length=1, max_length=500)
-    prompt: str | None = Field(None, max_length=1_000_000)
+    """Fields to change; absent fields stay. ``null`` clears ``agent`` (back to the default
+    profile) and ``timeoutSeconds`` (no timeout) and is a 422 for the others."""
+
+    title: Line | None = Field(None, min_length=1, max_length=500)
+    prompt: Text | None = Field(None, max_length=1_000_000)
     priority: int | None = Field(None, ge=0, le=4)
     depends_on: list[str] | None = Field(None, max_length=1000)
-    labels: list[str] | None = Field(None, max_length=100)
-    agent: str | None = Field(None, max_length=100)
+    labels: list[Line] | None = Field(None, max_length=100)
+    agent: Line | None = Field(None, max_length=100)
     max_attempts: int | None = Field(None, ge=1, le=100)
     timeout_seconds: float | None = Field(None, gt=0, le=7 * 24 * 3600)
+
+    @field_validator(
+        "title", "prompt", "priority", "depends_on", "labels", "max_attempts", mode="before"
+    )
+    @classmethod
+    def _not_null(cls, value: Any) -> Any:
+        if value is None:
+            raise ValueError("may not be null (omit the field to leave it unchanged)")
+        return value
 
     @field_validator("depends_on")
     @classmethod

@@ -14,11 +14,12 @@ import platform
 import time
 from collections.abc import Callable
 
-from gridd import API_VERSION, __version__
+from gridd import API_VERSION, HANDOVER_PROTOCOL, __version__
 from gridd.background import Background
 from gridd.commands import Commands
 from gridd.events import EventBus
 from gridd.finish import Finisher
+from gridd.metrics import DaemonMetrics
 from gridd.model import (
     DaemonInfo,
     Health,
@@ -82,7 +83,8 @@ class Grid:
             worktrees=self.worktrees,
             questions=self.questions,
         )
-        self.pool.on_exit = self.finisher.finish
+        self.metrics = DaemonMetrics(self)
+        self.pool.on_exit = self.metrics.events.timed_exit(self.finisher.finish)
         self.scheduler = Scheduler(
             workspace=workspace,
             settings=settings,
@@ -193,6 +195,7 @@ class Grid:
             api_version=API_VERSION,
             pid=os.getpid(),
             python=platform.python_version(),
+            handover=HANDOVER_PROTOCOL,
         )
 
     def daemon_info(self) -> DaemonInfo:

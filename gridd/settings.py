@@ -17,7 +17,7 @@ from gridd.errors import ConfigError
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class DaemonSettings(_Section):
@@ -169,8 +169,34 @@ class BeadsSettings(_Section):
         default=None, description="None: on when .beads/ exists and bd is found"
     )
     command: list[str] = Field(default_factory=lambda: ["bd"], description="argv to run bd")
-    poll_seconds: float = Field(default=2.0, gt=0, description="How often to run 'bd ready'")
+    poll_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        description="How often to run 'bd ready' besides the watch (the safety net); 0: never",
+    )
+    watch: bool = Field(default=True, description="Run 'bd ready' when files under .beads/ change")
     default_agent: str | None = Field(default=None, description="Profile for beads tasks")
+    review_label: str = Field(
+        default="gridd:review",
+        pattern=r"^[^,\s]{1,100}$",  # bd splits --add-label values on commas
+        description="Label that shows a bead in review (status stays in_progress)",
+    )
+    review_status: str | None = Field(
+        default=None,
+        pattern=r"^[a-z][a-z0-9_-]*$",
+        description="A custom bd status for review, only if configured in bd (status.custom)",
+    )
+    failed_label: str = Field(
+        default="gridd:failed",
+        pattern=r"^[^,\s]{1,100}$",
+        description="Label on a bead reopened after its task failed",
+    )
+    write_attempts: int = Field(
+        default=6, ge=1, le=20, description="Tries of one bd write before giving up"
+    )
+    retry_seconds: float = Field(
+        default=0.5, gt=0, le=60, description="First pause before retrying a bd write (doubles)"
+    )
 
 
 class NotificationSettings(_Section):

@@ -118,7 +118,13 @@ class Worktrees:
         if res.code == 0:
             return res.out.strip()
         head = await self.head_commit("HEAD")
-        await git(self.root, "update-ref", f"refs/heads/{branch}", head, "")
+        made = await git(self.root, "update-ref", f"refs/heads/{branch}", head, "", check=False)
+        if made.code != 0:
+            # Two tasks starting at once both found it missing: the other one made it.
+            res = await git(
+                self.root, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}^{{commit}}"
+            )
+            return res.out.strip()
         log.info("created branch %s at %s", branch, head[:12])
         return head
 
@@ -176,3 +182,22 @@ class Worktrees:
     async def changed_files(self, path: Path, base: str) -> list[str]:
         res = await git(path, "diff", "--name-only", f"{base}..HEAD", "--")
         return sorted(line for line in res.out.splitlines() if line)
+
+    async def discard(self, worktree: Worktree) -> bool:
+        """Remove a worktree made for a task that never ran, and its branch, but only while
+        the branch is still at its base: a commit on it is never thrown away (False)."""
+        tip = await git(
+            self.root,
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            f"refs/heads/{worktree.branch}",
+            check=False,
+        )
+        if tip.code == 0 and tip.out.strip() != worktree.base:
+            return False
+        if (worktree.path / ".git").exists() and await self.is_dirty(worktree.path):
+            return False
+        await git(self.root, "worktree", "remove", "--force", "--", str(worktree.path), check=False)
+        await git(self.root, "branch", "-D", "--", worktree.branch, check=False)
+        return True

@@ -1,4 +1,4 @@
-"""The beads source against a fake ``bd`` that follows the real CLI's contract."""
+"""The beads source against a strict stand-in for ``bd`` (tests/fakes/bd, from bd's source)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from gridd.sources.beads import BdError, bead_task_fields, mirror_args, parse_ready
+from gridd.background import Background
+from gridd.events import EventBus
+from gridd.settings import BeadsSettings
+from gridd.sources.bd import BdResult, is_permanent, run_bd
+from gridd.sources.beads import BdError, bead_task_fields, parse_ready
+from gridd.sources.beads_mirror import BeadWriter, mirror_writes, retry_delay
+from gridd.sources.beads_watch import is_issue_data
+from gridd.store import Store
 from tests.helpers import running_daemon, wait_for
 
 FAKE_BD = Path(__file__).parent / "fakes" / "bd"
@@ -30,15 +37,22 @@ def bead(bead_id: str, **extra: object) -> dict[str, object]:
     }
 
 
-def setup_beads(repo: Path, issues: list[dict[str, object]], mode: str = "ok") -> None:
+def setup_beads(
+    repo: Path, issues: list[dict[str, object]], mode: str = "ok", extra: str = ""
+) -> None:
     (repo / ".beads").mkdir()
     (repo / ".beads" / "fake-bd.json").write_text(json.dumps({"mode": mode, "issues": issues}))
     (repo / ".grid").mkdir(exist_ok=True)
     (repo / ".grid" / "config.toml").write_text(
         "[beads]\nenabled = true\n"
         f"command = [{json.dumps(sys.executable)}, {json.dumps(str(FAKE_BD))}]\n"
-        "poll_seconds = 0.2\n"
+        "poll_seconds = 0.2\n" + extra
     )
+
+
+def bd_issue(repo: Path, bead_id: str) -> dict[str, object]:
+    db = json.loads((repo / ".beads" / "fake-bd.json").read_text())
+    return next(i for i in db["issues"] if i["id"] == bead_id)
 
 
 def bd_calls(repo: Path) -> list[list[str]]:
@@ -61,13 +75,6 @@ def test_parse_ready_rejects_garbage_with_a_clear_error() -> None:
         parse_ready("<html>")
     assert parse_ready("[]") == ([], [])
     assert parse_ready("null") == ([], [])
-
-
-def test_mirror_args_map_gridd_statuses_to_bd_commands() -> None:
-    assert mirror_args("x", "review") == ["update", "x", "--status", "review"]
-    assert mirror_args("x", "done") == ["close", "x"]
-    assert mirror_args("x", "failed") == ["update", "x", "--add-label", "blocked"]
-    assert mirror_args("x", "ready") is None
 
 
 def test_beads_are_claimed_before_spawn_and_a_lost_claim_spawns_nothing(repo: Path) -> None:
@@ -95,12 +102,24 @@ def test_beads_are_claimed_before_spawn_and_a_lost_claim_spawns_nothing(repo: Pa
         assert sorted(claims) == ["bd-1", "bd-2", "bd-race"]
         assert all(call[-2:] == ["--limit", "0"] for call in calls if call[0] == "ready")
         wait_for(
-            lambda: ["update", "bd-1", "--status", "review"] in bd_calls(repo),
+            lambda: "gridd:review" in (bd_issue(repo, "bd-1").get("labels") or []),
             timeout=20,
             message="review mirrored to bd",
         )
+        assert bd_issue(repo, "bd-1")["status"] == "in_progress"
         c.post("/tasks/bd-1/approve")
-        wait_for(lambda: ["close", "bd-1"] in bd_calls(repo), timeout=20, message="bd close")
+        wait_for(
+            lambda: bd_issue(repo, "bd-1")["status"] == "closed", timeout=20, message="bd close"
+        )
+        assert "gridd:review" not in (bd_issue(repo, "bd-1").get("labels") or [])
+        assert str(bd_issue(repo, "bd-1")["close_reason"]).startswith("gridd:")
+        # bd-race was claimed by a rival: gridd leaves it alone.
+        assert bd_issue(repo, "bd-race")["assignee"] == "rival"
+        assert [call for call in bd_calls(repo) if "bd-race" in call] == [
+            ["update", "bd-race", "--claim", "--json"]
+        ]
+        # Every write was one stock bd accepts: no error, no retry.
+        assert not list(c.events(since=0, types=["beads.error"], read_timeout=1))
         lost = list(c.events(since=0, types=["beads.claim_lost"], read_timeout=1))
         assert [e.data["taskId"] for e in lost] == ["bd-race"]
         c.post("/session/stop")
@@ -123,3 +142,258 @@ def test_bd_garbage_output_is_an_event_and_a_retry_not_a_crash(repo: Path) -> No
         (repo / ".beads" / "fake-bd.json").write_text(json.dumps(db))
         wait_for(lambda: [t["id"] for t in c.get("/tasks")] == ["bd-1"], timeout=30)
         assert d.proc.poll() is None
+
+
+# -- what gridd writes: only what stock bd accepts ----------------------------------------------
+
+BD_STATUSES = {"open", "in_progress", "blocked", "deferred", "closed", "pinned", "hooked"}
+
+
+def written_statuses(writes: list[list[str]]) -> set[str]:
+    return {w[w.index("--status") + 1] for w in writes if "--status" in w}
+
+
+def test_review_is_in_progress_with_a_label_unless_a_custom_status_is_configured() -> None:
+    plain = BeadsSettings()
+    assert mirror_writes("x", "review", previous="working", settings=plain) == [
+        ["update", "x", "--status", "in_progress", "--add-label", "gridd:review"]
+    ]
+    custom = BeadsSettings(review_status="review", review_label="ours:rev")
+    assert mirror_writes("x", "review", previous="working", settings=custom) == [
+        ["update", "x", "--status", "review"]
+    ]
+    back = mirror_writes("x", "working", previous="review", settings=plain)
+    assert back == [["update", "x", "--status", "in_progress", "--remove-label", "gridd:review"]]
+
+
+def test_done_closes_with_a_reason_naming_the_merge_commit() -> None:
+    writes = mirror_writes(
+        "x", "done", previous="merging", settings=BeadsSettings(), merge_commit="abc123"
+    )
+    assert writes[-1] == ["close", "x", "--reason", "gridd: merged as abc123"]
+    assert writes[0] == ["update", "x", "--remove-label", "gridd:review"]
+    assert mirror_writes("x", "done", previous="review", settings=BeadsSettings())[-1][-1] == (
+        "gridd: done"
+    )
+
+
+def test_failure_reopens_with_a_label_and_a_comment_saying_why() -> None:
+    writes = mirror_writes(
+        "x", "failed", previous="working", settings=BeadsSettings(), error="exit 3"
+    )
+    assert writes[0][:5] == ["update", "x", "--status", "open", "--assignee"]
+    assert "gridd:failed" in writes[0]
+    assert writes[1] == ["comments", "add", "x", "gridd: the task failed: exit 3"]
+
+
+def test_every_status_gridd_writes_by_default_is_one_stock_bd_accepts() -> None:
+    settings = BeadsSettings()
+    for status in (
+        "ready",
+        "working",
+        "review",
+        "merging",
+        "done",
+        "failed",
+        "blocked",
+        "cancelled",
+        "rate_limited",
+        "pending",
+    ):
+        for previous in (None, "working", "review", "failed"):
+            writes = mirror_writes("x", status, previous=previous, settings=settings, claimed=True)
+            assert written_statuses(writes) <= BD_STATUSES, (status, previous, writes)
+
+
+def test_a_cancelled_bead_is_given_back_only_when_gridd_holds_its_claim() -> None:
+    settings = BeadsSettings()
+    assert mirror_writes("x", "cancelled", previous="ready", settings=settings) == []
+    assert mirror_writes("x", "cancelled", previous="working", settings=settings, claimed=True)
+
+
+def test_bd_refusals_are_permanent_and_outages_are_not() -> None:
+    assert is_permanent('invalid status "review" (built-in: open, in_progress, ...)')
+    assert is_permanent("unknown flag: --if-assignee")
+    assert is_permanent('Error resolving x: no issue found matching "x"')
+    assert not is_permanent("failed to open database: connect: connection refused")
+    assert BdResult(1, '{"error": "invalid status \\"x\\"", "schema_version": 1}', "").message == (
+        'invalid status "x"'
+    )
+    assert retry_delay(1, base=0.5) == 0.5 and retry_delay(3, base=0.5) == 2.0
+    assert retry_delay(20, base=0.5) == 30.0
+
+
+def test_the_watch_ignores_files_that_carry_no_issue_data() -> None:
+    assert is_issue_data(".beads/issues.jsonl") and is_issue_data(".beads/dolt/noms/abc")
+    assert not is_issue_data(".beads/daemon.log") and not is_issue_data(".beads/dolt/LOCK")
+
+
+# -- the writer against the strict double ----------------------------------------------------
+
+
+@pytest.fixture
+def bd_dir(tmp_path: Path) -> Path:
+    (tmp_path / ".beads").mkdir()
+    return tmp_path
+
+
+def write_db(root: Path, **db: object) -> None:
+    (root / ".beads" / "fake-bd.json").write_text(json.dumps(db))
+
+
+def read_issue(root: Path, bead_id: str) -> dict[str, object]:
+    return bd_issue(root, bead_id)
+
+
+async def wait_async(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+def writer_for(root: Path, store: Store, **settings: object) -> tuple[BeadWriter, EventBus]:
+    bus = EventBus(store, queue_size=1000)
+    command = [sys.executable, str(FAKE_BD)]
+    beads = BeadsSettings(command=command, **settings)  # type: ignore[arg-type]
+
+    async def run(args: list[str]) -> BdResult:
+        return await run_bd(command, args, cwd=root)
+
+    return BeadWriter(run=run, bus=bus, background=Background(), settings=beads), bus
+
+
+def errors_of(store: Store) -> list[dict[str, object]]:
+    return [e.data for e in store.events_after(0, types=["beads.error"])]
+
+
+async def test_a_failing_write_does_not_hold_up_another_bead(bd_dir: Path) -> None:
+    issues = [bead(i, status="in_progress", assignee="gridd") for i in ("bd-1", "bd-2")]
+    write_db(bd_dir, issues=issues, flaky={"bd-1": 1000})
+    store = Store.open(bd_dir / "g.db")
+    try:
+        writer, _bus = writer_for(bd_dir, store, retry_seconds=0.2, write_attempts=20)
+        settings = writer.settings
+        for bead_id in ("bd-1", "bd-2"):
+            writer.submit(
+                bead_id, mirror_writes(bead_id, "review", previous="working", settings=settings)
+            )
+        await wait_async(lambda: "gridd:review" in (read_issue(bd_dir, "bd-2").get("labels") or []))
+        assert "gridd:review" not in (read_issue(bd_dir, "bd-1").get("labels") or [])
+        await wait_async(lambda: len(errors_of(store)) >= 2)
+        first = errors_of(store)[0]
+        assert first["taskId"] == "bd-1" and first["permanent"] is False
+        assert first["retryInSeconds"] == 0.2
+        # bd comes back: the retried write lands, in order, and the lane ends.
+        db = json.loads((bd_dir / ".beads" / "fake-bd.json").read_text())
+        db["flaky"] = {}
+        (bd_dir / ".beads" / "fake-bd.json").write_text(json.dumps(db))
+        await wait_async(lambda: "gridd:review" in (read_issue(bd_dir, "bd-1").get("labels") or []))
+        await wait_async(lambda: writer.pending("bd-1") == 0)
+    finally:
+        await writer.background.stop()
+        store.close()
+
+
+async def test_writes_to_one_bead_land_in_order_after_retries(bd_dir: Path) -> None:
+    write_db(
+        bd_dir, issues=[bead("bd-1", status="in_progress", assignee="gridd")], flaky={"bd-1": 2}
+    )
+    store = Store.open(bd_dir / "g.db")
+    try:
+        writer, _bus = writer_for(bd_dir, store, retry_seconds=0.05)
+        s = writer.settings
+        writer.submit("bd-1", mirror_writes("bd-1", "review", previous="working", settings=s))
+        writer.submit(
+            "bd-1", mirror_writes("bd-1", "failed", previous="review", settings=s, error="exit 3")
+        )
+        await wait_async(lambda: len(read_issue(bd_dir, "bd-1").get("comments") or []) == 1)
+        issue = read_issue(bd_dir, "bd-1")
+        assert issue["status"] == "open" and issue["assignee"] == ""
+        assert issue["labels"] == ["gridd:failed"]
+        assert errors_of(store)[-1]["attempt"] == 2  # two transient failures, then success
+    finally:
+        await writer.background.stop()
+        store.close()
+
+
+async def test_a_permanent_refusal_is_reported_once_and_not_retried(bd_dir: Path) -> None:
+    # review_status names a status this bd was never configured with
+    write_db(bd_dir, issues=[bead("bd-1", status="in_progress", assignee="gridd")])
+    store = Store.open(bd_dir / "g.db")
+    try:
+        writer, _bus = writer_for(bd_dir, store, review_status="review", retry_seconds=0.05)
+        writer.submit(
+            "bd-1", mirror_writes("bd-1", "review", previous="working", settings=writer.settings)
+        )
+        await wait_async(lambda: writer.pending("bd-1") == 0 and errors_of(store))
+        (error,) = errors_of(store)
+        assert error["permanent"] is True and error["retryInSeconds"] is None
+        assert "invalid status" in str(error["error"])
+        # with the custom status configured in bd, the same write is accepted
+        write_db(
+            bd_dir,
+            issues=[bead("bd-1", status="in_progress")],
+            config={"status.custom": "review:wip"},
+        )
+        writer.submit(
+            "bd-1", mirror_writes("bd-1", "review", previous="working", settings=writer.settings)
+        )
+        await wait_async(lambda: read_issue(bd_dir, "bd-1")["status"] == "review")
+        assert len(errors_of(store)) == 1
+    finally:
+        await writer.background.stop()
+        store.close()
+
+
+# -- the round trip through a daemon ------------------------------------------------------------
+
+
+def test_a_failed_bead_is_reopened_with_a_label_and_a_comment(repo: Path) -> None:
+    setup_beads(
+        repo,
+        [bead("bd-f")],
+        extra='default_agent = "broken"\n'
+        "[scheduler]\nbackoff_seconds = 0.05\n"
+        '[agents.broken]\ncommand = ["sh", "-c", "echo boom; exit 3"]\n',
+    )
+    with running_daemon(repo) as d:
+        c = d.client()
+        wait_for(lambda: len(c.get("/tasks")) == 1, timeout=20, message="bead imported")
+        c.post("/session/start", {"featureBranch": "beads-fail", "maxAgents": 1})
+        wait_for(
+            lambda: c.get("/tasks")[0]["status"] == "failed", timeout=60, message="task failed"
+        )
+        wait_for(
+            lambda: bd_issue(repo, "bd-f").get("comments"), timeout=20, message="comment written"
+        )
+        issue = bd_issue(repo, "bd-f")
+        assert issue["status"] == "open" and not issue.get("assignee")
+        assert "gridd:failed" in (issue.get("labels") or [])
+        (comment,) = issue["comments"]  # type: ignore[misc]
+        assert comment["text"].startswith("gridd: the task failed")
+        assert not list(c.events(since=0, types=["beads.error"], read_timeout=1))
+        c.post("/session/stop")
+
+
+def test_a_new_bead_is_seen_through_the_file_watch_with_the_poll_off(repo: Path) -> None:
+    setup_beads(repo, [bead("bd-0")])
+    config = repo / ".grid" / "config.toml"
+    config.write_text(config.read_text().replace("poll_seconds = 0.2", "poll_seconds = 0"))
+    with running_daemon(repo) as d:
+        c = d.client()
+        wait_for(lambda: len(c.get("/tasks")) == 1, timeout=20, message="first sync")
+        readies = sum(1 for call in bd_calls(repo) if call[0] == "ready")
+        db = json.loads((repo / ".beads" / "fake-bd.json").read_text())
+        db["issues"].append(bead("bd-new"))
+        tmp = repo / ".beads" / "fake-bd.json.tmp"
+        tmp.write_text(json.dumps(db))
+        tmp.replace(repo / ".beads" / "fake-bd.json")
+        # With the poll off the watch is the only way in; how fast is bench_beads' business
+        # (tens of ms on an idle machine), so the bound here only has to outlast contention.
+        wait_for(lambda: len(c.get("/tasks")) == 2, timeout=10, interval=0.01, message="watch")
+        # only the watch ran bd ready: one run for the change (gridd's own files are ignored)
+        assert sum(1 for call in bd_calls(repo) if call[0] == "ready") == readies + 1

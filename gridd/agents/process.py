@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from gridd.agents import shim
 from gridd.errors import Conflict, GriddError
 
@@ -58,6 +56,8 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def process_create_time(pid: int) -> float | None:
+    import psutil  # on first use: a daemon with no agent never needs it (~60 ms of start-up)
+
     try:
         return psutil.Process(pid).create_time()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
@@ -70,6 +70,8 @@ def _same_process(pid: int | None, create_time: float | None) -> bool:
     current = process_create_time(pid)
     if current is None or abs(current - create_time) > 0.01:
         return False
+    import psutil
+
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gridd.api import resources as _resources  # noqa: F401  (registers its routes)
 from gridd.api.errors import EXCEPTION_HANDLERS
+from gridd.api.metrics_http import RequestTimer
 from gridd.api.spec import grid_of, table, wire
 from gridd.api.sse import events_endpoint
 from gridd.model import Health, RepoState, VersionInfo
@@ -56,7 +58,11 @@ async def openapi(request: Request) -> Response:
 
 
 def create_app(grid: Grid) -> Starlette:
-    app = Starlette(routes=table.routes(), exception_handlers=EXCEPTION_HANDLERS)
+    app = Starlette(
+        routes=table.routes(),
+        exception_handlers=EXCEPTION_HANDLERS,
+        middleware=[Middleware(RequestTimer, registry=grid.metrics.registry)],
+    )
     app.state.grid = grid
     app.state.openapi = table.openapi()
     return app

@@ -15,13 +15,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gridd.api.body import read_document
 from gridd.errors import BadRequest, GriddError, StoreError, ValidationFailed
 
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
-
-MAX_BODY_BYTES = 32 * 1024 * 1024
 
 _HTTP_CODES = {
     400: "bad_request",
@@ -47,7 +46,11 @@ async def handle_gridd_error(request: Request, exc: Exception) -> Response:
     if isinstance(exc, StoreError):
         status = 507 if exc.code == "disk_full" else 503
         log.error("store error on %s %s: %s", request.method, request.url.path, exc.message)
-    return error_response(status, exc.code, exc.message, exc.details)
+    response = error_response(status, exc.code, exc.message, exc.details)
+    if status == 413:
+        # The rest of the body is never read: end the connection rather than drain it.
+        response.headers["connection"] = "close"
+    return response
 
 
 async def handle_http_error(request: Request, exc: Exception) -> Response:
@@ -101,20 +104,8 @@ def raw_error_response(
 
 
 async def read_json(request: Request) -> Any:
-    """The request body as JSON; an empty body is ``None``."""
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise BadRequest(
-            f"request body larger than {MAX_BODY_BYTES} bytes", code="payload_too_large"
-        )
-    if not body.strip():
-        return None
-    try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(
-            f"request body is not valid JSON: {exc}", code="malformed_json", details={}
-        ) from None
+    """The request body as JSON (streamed, limited; see ``body``); an empty body is ``None``."""
+    return await read_document(request)
 
 
 def validation_details(exc: ValidationError) -> list[dict[str, Any]]:

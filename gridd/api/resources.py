@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gridd.api.body import read_document
 from gridd.api.errors import query_flag, query_int, read_body, read_json, validate
 from gridd.api.spec import grid_of, table, wire
 from gridd.errors import BadRequest
@@ -141,15 +141,7 @@ async def approve_task(request: Request) -> Response:
 
 
 async def _plan_body(request: Request) -> PlanSpec:
-    ctype = request.headers.get("content-type", "")
-    if "yaml" in ctype:
-        raw = await request.body()
-        try:
-            data = yaml.safe_load(raw)
-        except yaml.YAMLError as exc:
-            raise BadRequest(f"plan is not valid YAML: {exc}", code="malformed_yaml") from None
-    else:
-        data = await read_json(request)
+    data = await read_document(request, yaml_allowed=True)
     if data is None:
         raise BadRequest('request body required: {"tasks": [...]}', code="empty_body")
     return validate(PlanSpec, normalise_plan(data))

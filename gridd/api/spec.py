@@ -166,10 +166,13 @@ def _method_route(path: str, methods: dict[str, Handler]) -> Route:
 table = RouteTable()
 
 
-def wire(model: WireModel | list[WireModel], status: int = 200) -> JSONResponse:
+def wire(model: WireModel | list[WireModel], status: int = 200) -> Response:
     if isinstance(model, list):
         return JSONResponse([m.wire() for m in model], status_code=status)
-    return JSONResponse(model.wire(), status_code=status)
+    # Serialised in one pass by pydantic-core (a dict and then json.dumps costs twice that:
+    # a third of a /health request).
+    body = model.model_dump_json(by_alias=True)
+    return Response(body, status_code=status, media_type="application/json")
 
 
 def grid_of(request: Request) -> Grid:

@@ -224,6 +224,8 @@ ACTIONS = {
     "stop": "ask gridd to shut down and wait until it has",
     "restart": "stop gridd (if running), then start it",
     "status": "say whether gridd is running (exit 3 if not), with its pid and version",
+    "upgrade": "hand over to the installed gridd: check it can read the state (gridd"
+    " --check-state) and adopt the running agents, then restart; agents keep running",
 }
 
 
@@ -250,6 +252,10 @@ def run_action(ws: Workspace, action: str) -> int:
         _print_stop(ws)
     if action in ("start", "restart"):
         _print_start(ws)
+    if action == "upgrade":
+        from gridd.cli.upgrade import run_upgrade
+
+        return run_upgrade(ws)
     if action == "status":
         status = probe(ws)
         if status is None:

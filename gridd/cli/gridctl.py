@@ -25,6 +25,7 @@ from typing import Any
 from rich.console import Console
 
 from gridd.cli import daemonctl, render, watch
+from gridd.cli.completion import COMPLETION
 from gridd.cli.context import (
     EXIT_ERROR,
     EXIT_OK,
@@ -35,10 +36,13 @@ from gridd.cli.context import (
     add_commands,
     add_global_options,
 )
+from gridd.cli.doctor import DOCTOR
 from gridd.cli.events_cmd import EVENTS
 from gridd.cli.logs import LOGS
+from gridd.cli.metrics_cmd import METRICS
 from gridd.cli.plan_cmd import PLAN
 from gridd.cli.questions_cmd import ANSWER, QUESTIONS, RESPOND
+from gridd.cli.service_cmd import SERVICE
 from gridd.cli.session_cmd import AGENT, AGENTS, SESSION
 from gridd.cli.tasks_cmd import TASK
 from gridd.errors import DaemonUnreachable, GriddError
@@ -117,6 +121,10 @@ COMMANDS: dict[str, Command] = {
     "respond": RESPOND,
     "logs": LOGS,
     "events": EVENTS,
+    "metrics": METRICS,
+    "completion": COMPLETION,
+    "service": SERVICE,
+    "doctor": DOCTOR,
     "daemon": Command(
         help="start, stop, restart or check the workspace daemon",
         description="Manage the gridd process of this workspace. 'start' runs it detached;"

@@ -26,15 +26,44 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run attached to this terminal (the default; accepted for service units)",
     )
+    parser.add_argument(
+        "--check-state",
+        action="store_true",
+        help="do not run: check, read-only, that this gridd can use the workspace's database"
+        " (integrity, schema version); print a JSON report, exit 0 if it can, 1 if not."
+        " Safe while another gridd serves the workspace (an upgrade runs it first)",
+    )
     parser.add_argument("--version", action="version", version=f"gridd {__version__}")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.check_state:
+        return check_state(args.workspace)
     from gridd.daemon import run
 
     return run(args.workspace)
+
+
+def check_state(workspace: Path | None) -> int:
+    import json
+
+    from gridd.errors import GriddError
+    from gridd.statecheck import check_state as check
+    from gridd.workspace import find_workspace
+
+    try:
+        ws = find_workspace(workspace)
+    except GriddError as exc:
+        print(f"gridd: {exc.message}", file=sys.stderr)
+        return 1
+    report = check(ws.db_path)
+    print(json.dumps(report.as_dict(), indent=2))
+    if not report.readable:
+        print(f"gridd: {report.problem}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """The beads source: ready issues from ``bd ready --json --limit 0`` become gridd tasks.
 
 A bead is claimed (``bd update <id> --claim``) before its agent is spawned; a failed claim
-means someone else has it, so the task is dropped with no agent. Transitions are mirrored
-back (``--status``, ``--add-label``, ``bd close``). ``bd`` failing or printing garbage is
-an event and a retry with backoff, never a crash. Output is parsed leniently: fields drift
-between bd versions, so only ``id`` is required.
+means someone else has it, so the task is dropped with no agent. Status changes are mirrored
+back through ``beads_mirror`` (only statuses stock bd accepts). New beads are seen at once:
+a watch on ``.beads/`` runs ``bd ready`` when bd's data changes, with a slow poll as the
+safety net. ``bd`` failing or printing garbage is an event and a retry with backoff, never
+a crash. Output is parsed leniently: fields drift between bd versions, so only ``id`` is
+required.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import json
 import logging
 import shutil
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -23,24 +24,16 @@ from gridd.events import EventBus
 from gridd.ids import task_id_problem
 from gridd.model import Task, TaskStatus, utcnow
 from gridd.settings import BeadsSettings
+from gridd.sources.bd import BdError, BdResult, run_bd
+from gridd.sources.beads_mirror import BeadWriter, mirror_writes
+from gridd.sources.beads_watch import watch_beads
 from gridd.state import GridState
 from gridd.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
 SOURCE = "beads"
-_TIMEOUT = 30.0
-
-
-@dataclass(frozen=True)
-class BdResult:
-    code: int
-    out: str
-    err: str
-
-
-class BdError(Exception):
-    pass
+__all__ = ["SOURCE", "BdError", "BdResult", "BeadsSource", "bead_task_fields", "parse_ready"]
 
 
 def parse_ready(stdout: str) -> tuple[list[dict[str, Any]], list[str]]:
@@ -51,8 +44,8 @@ def parse_ready(stdout: str) -> tuple[list[dict[str, Any]], list[str]]:
         raise BdError(f"bd ready printed something that is not JSON: {exc}") from None
     if data is None:
         return [], []
-    if isinstance(data, dict) and isinstance(data.get("issues"), list):
-        data = data["issues"]
+    if isinstance(data, dict):  # BD_JSON_ENVELOPE=1 wraps in "data"; old versions used "issues"
+        data = next((data[k] for k in ("data", "issues") if isinstance(data.get(k), list)), data)
     if not isinstance(data, list):
         raise BdError(f"bd ready printed JSON that is not a list ({type(data).__name__})")
     beads, warnings = [], []
@@ -102,8 +95,14 @@ class BeadsSource:
         self.last_sync: float | None = None
         self.last_sync_at: datetime | None = None
         self.failures = 0
-        self._mirror: asyncio.Queue[list[str]] = asyncio.Queue()
         self._poke = asyncio.Event()
+        self.writer = BeadWriter(
+            run=lambda args: self.bd(*args), bus=bus, background=background, settings=settings
+        )
+        #: The status last mirrored onto each bead (so a status is written once).
+        self._shown: dict[str, str] = {}
+        #: Beads whose claim gridd holds (a cancelled task gives its bead back).
+        self._claimed: set[str] = set()
 
     def enabled(self) -> bool:
         if self.settings.enabled is not None:
@@ -113,47 +112,29 @@ class BeadsSource:
         ) is not None
 
     def start(self) -> None:
-        self.background.spawn("beads-poll", self._poll_loop())
-        self.background.spawn("beads-mirror", self._mirror_loop())
+        self.background.spawn("beads-sync", self._sync_loop())
+        if self.settings.watch:
+            self.background.spawn(
+                "beads-watch", watch_beads(self.ws.root / ".beads", self.poke, bus=self.bus)
+            )
         self.bus.add_listener(self._on_event)
 
-    # -- running bd --------------------------------------------------------------------------------
-
     async def bd(self, *args: str) -> BdResult:
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *self.settings.command,
-                *args,
-                cwd=str(self.ws.root),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-            )
-        except OSError as exc:
-            raise BdError(
-                f"cannot run {self.settings.command[0]!r}: {exc.strerror or exc}"
-            ) from None
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), _TIMEOUT)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-            raise BdError(f"bd {' '.join(args[:2])} timed out after {_TIMEOUT:.0f}s") from None
-        return BdResult(
-            proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
-        )
+        return await run_bd(self.settings.command, args, cwd=self.ws.root)
 
-    # -- polling -----------------------------------------------------------------------------------
+    # -- seeing ready beads ------------------------------------------------------------------
 
-    async def _poll_loop(self) -> None:
+    async def _sync_loop(self) -> None:
+        """Run ``bd ready`` when poked (the watch, a finished task) or every ``poll_seconds``."""
         while True:
-            delay = self.settings.poll_seconds
+            poll = self.settings.poll_seconds or None  # 0: no poll, only the watch
+            delay = poll
             try:
                 await self.sync()
                 self.failures = 0
             except BdError as exc:
                 self.failures += 1
-                delay = min(60.0, self.settings.poll_seconds * 2**self.failures)
+                delay = min(60.0, max(1.0, poll or 1.0) * 2**self.failures)
                 log.warning("beads sync failed (%s); retrying in %.0fs", exc, delay)
                 self.bus.publish("beads.error", {"error": str(exc), "retryInSeconds": delay})
             try:
@@ -166,7 +147,7 @@ class BeadsSource:
         """One ``bd ready`` poll; returns how many tasks were added."""
         res = await self.bd("ready", "--json", "--limit", "0")
         if res.code != 0:
-            raise BdError(f"bd ready exited {res.code}: {(res.err or res.out).strip()[:300]}")
+            raise BdError(f"bd ready exited {res.code}: {res.message[:300]}")
         beads, warnings = parse_ready(res.out)
         for warning in warnings:
             self.bus.publish("beads.warning", {"warning": warning})
@@ -200,7 +181,7 @@ class BeadsSource:
     def poke(self) -> None:
         self._poke.set()
 
-    # -- claiming ----------------------------------------------------------------------------------
+    # -- claiming ----------------------------------------------------------------------------
 
     async def claim(self, task: Task) -> bool:
         """Claim the bead before its agent starts; False when someone else holds it."""
@@ -210,56 +191,46 @@ class BeadsSource:
             self.bus.publish("beads.error", {"error": str(exc), "taskId": task.id})
             raise
         if res.code == 0:
+            self._claimed.add(task.id)
+            self._shown[task.id] = TaskStatus.WORKING
             return True
         self.bus.publish(
             "beads.claim_lost",
-            {
-                "taskId": task.id,
-                "exitCode": res.code,
-                "message": (res.err or res.out).strip()[:300],
-            },
+            {"taskId": task.id, "exitCode": res.code, "message": res.message[:300]},
         )
         return False
 
-    # -- mirroring transitions back --------------------------------------------------------------------
+    # -- mirroring transitions back ----------------------------------------------------------
 
     def _on_event(self, event: Any) -> None:
         if event.type != "tasks.changed":
             return
+        finished = False
         for task in event.data.get("tasks", []):
             if task.get("source") != SOURCE:
                 continue
-            args = mirror_args(task["id"], task.get("status", ""))
-            if args:
-                self._mirror.put_nowait(args)
-        if any(
-            t.get("status") in ("review", "done", "failed") for t in event.data.get("tasks", [])
-        ):
+            bead_id, status = task["id"], str(task.get("status", ""))
+            previous = self._shown.get(bead_id)
+            if status == previous:
+                continue
+            self._shown[bead_id] = status
+            writes = mirror_writes(
+                bead_id,
+                status,
+                previous=previous,
+                settings=self.settings,
+                merge_commit=task.get("mergeCommit"),
+                error=task.get("error"),
+                claimed=bead_id in self._claimed,
+            )
+            if status in (TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED):
+                self._claimed.discard(bead_id)
+            elif status == TaskStatus.WORKING and previous in (
+                TaskStatus.FAILED,
+                TaskStatus.CANCELLED,
+            ):
+                self._claimed.add(bead_id)
+            self.writer.submit(bead_id, writes)
+            finished = finished or status in ("review", "done", "failed")
+        if finished:
             self.poke()
-
-    async def _mirror_loop(self) -> None:
-        while True:
-            args = await self._mirror.get()
-            for attempt in range(5):
-                try:
-                    res = await self.bd(*args)
-                    if res.code == 0:
-                        break
-                    error = f"bd {' '.join(args)} exited {res.code}: {res.err.strip()[:200]}"
-                except BdError as exc:
-                    error = str(exc)
-                self.bus.publish("beads.error", {"error": error, "attempt": attempt + 1})
-                await asyncio.sleep(min(30.0, 0.5 * 2**attempt))
-
-
-def mirror_args(bead_id: str, status: str) -> list[str] | None:
-    """The ``bd`` command that mirrors a gridd status onto the bead (None: nothing to do)."""
-    if status == TaskStatus.REVIEW:
-        return ["update", bead_id, "--status", "review"]
-    if status == TaskStatus.DONE:
-        return ["close", bead_id]
-    if status in (TaskStatus.FAILED, TaskStatus.BLOCKED):
-        return ["update", bead_id, "--add-label", "blocked"]
-    if status == TaskStatus.READY:
-        return None  # still ours to retry; bd keeps it in_progress while claimed
-    return None

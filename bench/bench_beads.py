@@ -1,0 +1,214 @@
+"""Bead to agent: a bead becomes ready in bd -> ``agent.spawned`` received by an SSE client.
+
+A real daemon serves a fresh repository with ``.beads/`` and the strict ``bd`` stand-in
+(``tests/fakes/bd``, run as ``python -I -S``) as its beads command, the poll off
+(``poll_seconds = 0``) so only the watch of ``.beads/`` can notice, and a session running
+with room to spare. For each of N beads (12; 5 with ``--quick``), one at a time: the bead is
+written into bd's data (an atomic rename, as a database commit lands), and the clock stops
+when a raw ``GET /events`` reader sees that task's ``agent.spawned``. The run completes
+before the next bead is written.
+
+On the way gridd notices the change (watchfiles), runs ``bd ready --json --limit 0``, adds
+the task, wakes its scheduler, claims the bead (``bd update <id> --claim --json``) while it
+creates the worktree, launches the shim and publishes.
+
+Baseline (same run, another fresh repository, same ``bd``): a plain script doing the work
+that cannot be skipped, in series: ``bd ready``, ``bd update --claim``, ``git worktree add
+-b``, ``Popen`` of the same agent, until ``Popen`` returns. Targets: gridd's median
+<= 150 ms, and the ratio to the baseline is reported (the two ``bd`` starts dominate both).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.bench_spawn import (
+    TRIVIAL_AGENT,
+    EventTap,
+    api,
+    git_env,
+    kill_agents,
+    stop_session,
+    write_config,
+)
+from bench.common import (
+    ROOT,
+    Check,
+    RawHTTP,
+    make_repo,
+    median,
+    percentile,
+    remove_repo,
+    result,
+    running_gridd,
+)
+
+NAME = "beads"
+RUNS = 12
+RUNS_QUICK = 5
+TARGET_MS = 150.0
+BD = [sys.executable, "-I", "-S", str(ROOT / "tests" / "fakes" / "bd")]
+
+
+def bead(bead_id: str) -> dict[str, Any]:
+    return {
+        "id": bead_id,
+        "title": f"bead {bead_id}",
+        "description": "write one file",
+        "status": "open",
+        "priority": 2,
+        "issue_type": "task",
+        "created_at": "2026-11-23T00:00:00Z",
+        "updated_at": "2026-11-23T00:00:00Z",
+    }
+
+
+def add_bead(root: Path, bead_id: str) -> None:
+    """Land a new ready bead in bd's data the way a commit does: one atomic rename."""
+    db_path = root / ".beads" / "fake-bd.json"
+    db = json.loads(db_path.read_text())
+    db["issues"].append(bead(bead_id))
+    tmp = db_path.with_name("incoming.tmp")
+    tmp.write_text(json.dumps(db))
+    os.replace(tmp, db_path)
+
+
+def beads_repo() -> Path:
+    root = make_repo()
+    (root / ".beads").mkdir()
+    (root / ".beads" / "fake-bd.json").write_text(json.dumps({"issues": []}))
+    return root
+
+
+def _bd(root: Path, *args: str) -> str:
+    return subprocess.run([*BD, *args], cwd=root, check=True, capture_output=True, text=True).stdout
+
+
+def _baseline(runs: int) -> list[float]:
+    root = beads_repo()
+    env = git_env()
+    try:
+        (root / ".git" / "info" / "exclude").write_text(".grid/\n.beads/\n")
+        wt_dir = root / ".grid" / "worktrees"
+        wt_dir.mkdir(parents=True)
+        times = []
+        for i in range(runs):
+            bead_id = f"b-{i}"
+            add_bead(root, bead_id)
+            started = time.perf_counter()
+            ready = json.loads(_bd(root, "ready", "--json", "--limit", "0"))
+            assert any(b["id"] == bead_id for b in ready)
+            _bd(root, "update", bead_id, "--claim", "--json")
+            path = wt_dir / bead_id
+            subprocess.run(
+                ["git", "worktree", "add", "-q", "-b", f"grid/{bead_id}", "--", str(path)],
+                cwd=root,
+                env=env,
+                check=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            proc = subprocess.Popen(
+                TRIVIAL_AGENT,
+                cwd=path,
+                env={**env, "GRID_TASK_ID": bead_id},
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            times.append(time.perf_counter() - started)
+            proc.wait()
+        return times
+    finally:
+        remove_repo(root)
+
+
+def _gridd(runs: int) -> list[float]:
+    root = beads_repo()
+    types = ["agent.spawned", "agent.completed", "agent.failed", "task.start_failed"]
+    latencies: list[float] = []
+    try:
+        write_config(root, agents={"trivial": {"command": TRIVIAL_AGENT}}, default_agent="trivial")
+        config = root / ".grid" / "config.toml"
+        config.write_text(
+            config.read_text()
+            + f"\n[beads]\nenabled = true\ncommand = {json.dumps(BD)}\npoll_seconds = 0\n"
+        )
+        with (
+            running_gridd(root) as daemon,
+            RawHTTP(daemon.sock, timeout=10) as http,
+            EventTap(daemon.sock, types=types) as tap,
+        ):
+            api(http, "POST", "/session/start", {"featureBranch": "beads-bench", "maxAgents": 4})
+            try:
+                for n in range(runs + 1):  # the first is a warm-up
+                    bead_id = f"g-{n}"
+                    started = time.monotonic()
+                    add_bead(root, bead_id)
+                    arrived, event = tap.expect(
+                        lambda e, b=bead_id: e.data.get("taskId") == b, timeout=30
+                    )
+                    if event.type != "agent.spawned":
+                        raise RuntimeError(f"{bead_id}: {event.type} {event.data}")
+                    if n:
+                        latencies.append(arrived - started)
+                    _, done = tap.expect(lambda e, b=bead_id: e.data.get("taskId") == b, timeout=30)
+                    if done.type != "agent.completed":
+                        raise RuntimeError(f"{bead_id}: {done.type} {done.data}")
+            finally:
+                stop_session(daemon.sock)
+        return latencies
+    finally:
+        kill_agents(root)
+        remove_repo(root)
+
+
+def run(quick: bool) -> dict[str, Any]:
+    runs = RUNS_QUICK if quick else RUNS
+    base = _baseline(runs)
+    gridd = _gridd(runs)
+    base_ms, gridd_ms = median(base) * 1000, median(gridd) * 1000
+    ratio = gridd_ms / base_ms
+    return result(
+        name=NAME,
+        title="bead to agent: a bead ready in bd -> agent.spawned at an SSE client",
+        checks=[
+            Check(
+                metric=f"median bead -> agent.spawned ({runs} beads)",
+                value=round(gridd_ms, 2),
+                unit="ms",
+                target=f"<= {TARGET_MS:g} ms",
+                passed=gridd_ms <= TARGET_MS,
+            )
+        ],
+        baseline={
+            "what": "bd ready + bd update --claim + git worktree add -b + Popen, in series",
+            "value": round(base_ms, 2),
+            "unit": "ms",
+            "min_ms": round(min(base) * 1000, 2),
+            "max_ms": round(max(base) * 1000, 2),
+        },
+        ratio=ratio,
+        ratio_label="gridd median / baseline median",
+        figures={
+            "runs": runs,
+            "gridd_ms": {
+                "p50": round(gridd_ms, 2),
+                "min": round(min(gridd) * 1000, 2),
+                "p90": round(percentile(gridd, 90) * 1000, 2),
+                "max": round(max(gridd) * 1000, 2),
+            },
+            "bd": "tests/fakes/bd under python -I -S",
+        },
+        quick=quick,
+        summary=f"median {gridd_ms:.1f} ms (min {min(gridd) * 1000:.1f}, max"
+        f" {max(gridd) * 1000:.1f}); the same bd + git + Popen in series {base_ms:.1f} ms;"
+        f" ratio {ratio:.2f}",
+        notes="the poll is off: only the watch of .beads/ can see a new bead",
+    )

@@ -1,0 +1,97 @@
+/**
+ * The wire shapes gridd sends (docs/api.md "The data"), as far as the extension reads them.
+ * Unknown keys are allowed everywhere: gridd may add fields without an API version bump.
+ */
+
+export type TaskStatus =
+  | "pending" | "ready" | "working" | "review" | "merging" | "done"
+  | "failed" | "blocked" | "cancelled" | "rate_limited";
+
+export interface Task {
+  id: string;
+  title: string;
+  prompt?: string;
+  status: TaskStatus | string;
+  dependsOn: string[];
+  attempts: number;
+  maxAttempts?: number;
+  sessions?: number;
+  branch?: string | null;
+  worktree?: string | null;
+  error?: string | null;
+  costUsd?: number;
+  resumeAt?: string | null;
+  waitingSince?: string | null;
+  changedFiles?: string[];
+  updatedAt?: string;
+  [key: string]: unknown;
+}
+
+export interface Agent {
+  id: string;
+  taskId: string;
+  status: string;
+  activity?: string | null;
+  message?: string | null;
+  lastOutput?: string | null;
+  outputSeq?: number;
+  costUsd?: number;
+  stalled?: boolean;
+  worktreePath?: string | null;
+  [key: string]: unknown;
+}
+
+export interface Question {
+  id: string;
+  agentId: string;
+  taskId: string;
+  type?: string;
+  question: string;
+  options: string[];
+  status?: string;
+  [key: string]: unknown;
+}
+
+export interface SessionState {
+  started: boolean;
+  featureBranch: string | null;
+  maxAgents: number;
+  budgetUsd?: number | null;
+  spentUsd?: number;
+  stopReason?: string | null;
+  [key: string]: unknown;
+}
+
+export interface RepoState {
+  session: SessionState;
+  tasks: Task[];
+  agents: Agent[];
+  pendingQuestions: Question[];
+  stats: Record<string, number>;
+  daemon: { version?: string; apiVersion?: number; lastEventId?: number; workspace?: string; [key: string]: unknown };
+  [key: string]: unknown;
+}
+
+export interface Conflict {
+  files: string[];
+  tasks?: string[];
+  [key: string]: unknown;
+}
+
+/** One event as the stream delivered it: its id, type and parsed data. */
+export interface GriddEvent {
+  readonly id: number;
+  readonly type: string;
+  readonly data: Record<string, unknown>;
+}
+
+export function emptyState(): RepoState {
+  return {
+    session: { started: false, featureBranch: null, maxAgents: 0, spentUsd: 0, stopReason: null },
+    tasks: [],
+    agents: [],
+    pendingQuestions: [],
+    stats: {},
+    daemon: {},
+  };
+}

@@ -1,0 +1,271 @@
+/**
+ * The extension's commands: session, tasks, agents, questions, diff and daemon actions.
+ *
+ * Each command takes what the tree passes (a node), or a plain object naming its target
+ * (`{taskId, folder?, ...}`: keybindings, other extensions, tests), or nothing, in which
+ * case it asks with quick picks. Every gridd error is explained once; nothing is retried.
+ */
+
+import * as fs from "node:fs";
+import * as path from "node:path";
+
+import * as vscode from "vscode";
+
+import type { Agent, Task } from "../client/types";
+import type { AgentOutputs } from "./agentOutput";
+import type { FolderConnection } from "./connection";
+import { startDaemon } from "./daemon";
+import { pickAndOpenDiff } from "./diff";
+import { guarded } from "./feedback";
+import { branches } from "./git";
+import type { Connections } from "./manager";
+import { answerQuestion, askFreeText } from "./questions";
+import type { Node } from "./views";
+
+/** What a command may be handed instead of a tree node. */
+export interface Target {
+  folder?: string;
+  taskId?: string;
+  agentId?: string;
+  questionId?: string;
+  branch?: string;
+  feedback?: string;
+  text?: string;
+  file?: string;
+  title?: string;
+  prompt?: string;
+  dependsOn?: string[];
+}
+
+type Arg = Node | FolderConnection | Target | vscode.Uri | undefined;
+
+export function registerCommands(ctx: vscode.ExtensionContext, conns: Connections, outputs: AgentOutputs): void {
+  const reg = (id: string, fn: (arg: Arg, ...rest: unknown[]) => unknown): void => {
+    ctx.subscriptions.push(vscode.commands.registerCommand(id, fn));
+  };
+  const connOf = async (arg: Arg): Promise<FolderConnection | undefined> => {
+    if (!arg) return conns.pick();
+    if (arg instanceof vscode.Uri) return conns.forFolder(arg);
+    if ("follower" in arg) return arg; // a FolderConnection
+    if ("kind" in arg && "conn" in arg && arg.conn) return arg.conn;
+    const target = arg as Target;
+    if (target.folder) return conns.all.find((c) => c.root === target.folder || c.name === target.folder);
+    return conns.pick();
+  };
+  const targetOf = (arg: Arg): Target => (arg && !(arg instanceof vscode.Uri) && !("kind" in arg) && !("follower" in arg) ? (arg as Target) : {});
+
+  const taskOf = async (arg: Arg, statuses: string[] | undefined, verb: string): Promise<{ conn: FolderConnection; task: Task } | undefined> => {
+    if (arg && "kind" in arg && arg.kind === "task") return { conn: arg.conn, task: arg.task };
+    const conn = await connOf(arg);
+    if (!conn) return undefined;
+    const t = targetOf(arg);
+    if (t.taskId) {
+      const task = conn.store.task(t.taskId) ?? ({ id: t.taskId, title: t.taskId, status: "?", dependsOn: [], attempts: 0 } as Task);
+      return { conn, task };
+    }
+    const candidates = conn.state.tasks.filter((x) => !statuses || statuses.includes(x.status));
+    if (candidates.length === 0) {
+      void vscode.window.showInformationMessage(`gridd: no task to ${verb}${statuses ? ` (none is ${statuses.join(" or ")})` : ""}.`);
+      return undefined;
+    }
+    const picked = await vscode.window.showQuickPick(
+      candidates.map((task) => ({ label: task.id, description: `${task.status} · ${task.title}`, task })),
+      { placeHolder: `Task to ${verb}` },
+    );
+    return picked ? { conn, task: picked.task } : undefined;
+  };
+
+  const agentOf = async (arg: Arg, verb: string): Promise<{ conn: FolderConnection; agent: Agent } | undefined> => {
+    if (arg && "kind" in arg && arg.kind === "agent") return { conn: arg.conn, agent: arg.agent };
+    if (arg && "kind" in arg && arg.kind === "task") {
+      const agent = arg.conn.state.agents.find((a) => a.taskId === arg.task.id);
+      if (agent) return { conn: arg.conn, agent };
+      const all = await arg.conn.call<Agent[]>("GET", "/agents?all=1").catch(() => [] as Agent[]);
+      const last = all.filter((a) => a.taskId === arg.task.id).pop();
+      if (last) return { conn: arg.conn, agent: last };
+      void vscode.window.showInformationMessage(`gridd: task ${arg.task.id} has had no agent yet.`);
+      return undefined;
+    }
+    const conn = await connOf(arg);
+    if (!conn) return undefined;
+    const t = targetOf(arg);
+    if (t.agentId) return { conn, agent: conn.store.agent(t.agentId) ?? ({ id: t.agentId, taskId: "", status: "?" } as Agent) };
+    if (t.taskId) {
+      const agent = conn.state.agents.find((a) => a.taskId === t.taskId);
+      if (agent) return { conn, agent };
+    }
+    const agents = conn.state.agents;
+    if (agents.length === 0) {
+      void vscode.window.showInformationMessage(`gridd: no running agent to ${verb}.`);
+      return undefined;
+    }
+    const picked = await vscode.window.showQuickPick(
+      agents.map((agent) => ({ label: agent.id, description: `${agent.taskId} · ${agent.status}`, agent })),
+      { placeHolder: `Agent to ${verb}` },
+    );
+    return picked ? { conn, agent: picked.agent } : undefined;
+  };
+
+  const taskCall = (id: string, statuses: string[] | undefined, verb: string, method: string, suffix: string, done: string): void =>
+    reg(id, async (arg) => {
+      const sel = await taskOf(arg, statuses, verb);
+      if (!sel) return undefined;
+      const result = await guarded(sel.conn, () => sel.conn.call<Task>(method, `/tasks/${encodeURIComponent(sel.task.id)}${suffix}`));
+      if (result) vscode.window.setStatusBarMessage(`gridd: ${sel.task.id} ${done}`, 3000);
+      return result;
+    });
+
+  // -- daemon and views ----------------------------------------------------------------------
+  reg("gridd.refresh", async (arg) => {
+    const targets = arg ? [await connOf(arg)] : conns.all;
+    for (const c of targets) {
+      if (!c) continue;
+      c.reconnectNow();
+      await c.refresh();
+    }
+  });
+  reg("gridd.showLog", () => conns.log.show());
+  reg("gridd.focus", () => vscode.commands.executeCommand("workbench.view.extension.gridd"));
+  reg("gridd.startDaemon", async (arg) => {
+    const conn = await connOf(arg);
+    return conn ? startDaemon(conn, conns.log) : false;
+  });
+  reg("gridd.showVersion", async (arg) => {
+    const conn = await connOf(arg);
+    if (!conn) return;
+    const body = await guarded(conn, () => conn.call<Record<string, unknown>>("GET", "/version"));
+    if (body) void vscode.window.showInformationMessage(`gridd ${String(body["version"])} (API ${String(body["apiVersion"])}, pid ${String(body["pid"])}). ${conn.skew?.message ?? ""}`);
+  });
+
+  // -- session ------------------------------------------------------------------------------
+  reg("gridd.startSession", async (arg) => {
+    const conn = await connOf(arg);
+    if (!conn) return undefined;
+    let branch = targetOf(arg).branch;
+    if (branch === undefined) {
+      const known = await branches(conn.root).catch(() => [] as string[]);
+      const NEW = "$(add) New feature branch…";
+      const picked = await vscode.window.showQuickPick([...known, NEW], { placeHolder: "Feature branch the tasks merge into", title: "Gridd: Start Session" });
+      if (picked === undefined) return undefined;
+      branch = picked === NEW ? await vscode.window.showInputBox({ prompt: "New feature branch name", value: "feature/" }) : picked;
+      if (!branch) return undefined;
+    }
+    return guarded(conn, () => conn.call("POST", "/session/start", { body: { featureBranch: branch } }));
+  });
+  reg("gridd.stopSession", async (arg) => {
+    const conn = await connOf(arg);
+    if (!conn) return undefined;
+    return guarded(conn, () => conn.call("POST", "/session/stop"));
+  });
+
+  // -- tasks ------------------------------------------------------------------------------------
+  reg("gridd.addTask", async (arg) => {
+    const conn = await connOf(arg);
+    if (!conn) return undefined;
+    const t = targetOf(arg);
+    const title = t.title ?? (await vscode.window.showInputBox({ prompt: "Task title", ignoreFocusOut: true }));
+    if (!title) return undefined;
+    const prompt = t.prompt ?? (await vscode.window.showInputBox({ prompt: "Prompt for the agent (empty: the title)", ignoreFocusOut: true }));
+    if (prompt === undefined) return undefined;
+    let deps = t.dependsOn;
+    if (deps === undefined && conn.state.tasks.length) {
+      const picked = await vscode.window.showQuickPick(
+        conn.state.tasks.filter((x) => x.status !== "cancelled").map((x) => ({ label: x.id, description: `${x.status} · ${x.title}` })),
+        { canPickMany: true, placeHolder: "Depends on (none: press Enter)" },
+      );
+      if (picked === undefined) return undefined;
+      deps = picked.map((p) => p.label);
+    }
+    return guarded(conn, () => conn.call<Task>("POST", "/tasks", { body: { title, prompt, dependsOn: deps ?? [] } }));
+  });
+  reg("gridd.loadPlan", async (arg) => {
+    const uri = arg instanceof vscode.Uri ? arg : (await vscode.window.showOpenDialog({ filters: { Plans: ["yaml", "yml", "json"] } }))?.[0];
+    if (!uri) return undefined;
+    const conn = conns.forFolder(uri) ?? (await conns.pick());
+    if (!conn) return undefined;
+    const text = fs.readFileSync(uri.fsPath, "utf8");
+    const yaml = /\.ya?ml$/i.test(uri.fsPath);
+    const result = await guarded(conn, () =>
+      conn.call<{ waves: string[][] }>("POST", "/plans", yaml ? { raw: { text, contentType: "application/yaml" } } : { raw: { text, contentType: "application/json" } }),
+    );
+    if (result) void vscode.window.showInformationMessage(`gridd: loaded ${path.basename(uri.fsPath)}: ${result.waves.flat().length} tasks in ${result.waves.length} waves.`);
+    return result;
+  });
+  taskCall("gridd.startTask", ["ready", "pending", "failed", "blocked"], "start", "POST", "/start", "started");
+  taskCall("gridd.retryTask", ["failed", "blocked"], "retry", "POST", "/start", "restarted");
+  taskCall("gridd.stopTask", ["working"], "stop", "POST", "/stop", "stopped");
+  taskCall("gridd.cancelTask", undefined, "cancel", "DELETE", "", "cancelled");
+  taskCall("gridd.approveTask", ["review"], "approve", "POST", "/approve", "approved");
+  reg("gridd.rejectTask", async (arg) => {
+    const sel = await taskOf(arg, ["review"], "reject");
+    if (!sel) return undefined;
+    const feedback = targetOf(arg).feedback ?? (await vscode.window.showInputBox({ title: `Reject ${sel.task.id}`, prompt: "What should the agent change?", ignoreFocusOut: true }));
+    if (!feedback) return undefined;
+    return guarded(sel.conn, () => sel.conn.call<Task>("POST", `/tasks/${encodeURIComponent(sel.task.id)}/reject`, { body: { feedback } }));
+  });
+  reg("gridd.openDiff", async (arg) => {
+    const sel = await taskOf(arg, ["review", "merging", "done", "working", "failed", "blocked"], "show the diff of");
+    if (!sel) return undefined;
+    return guarded(sel.conn, () => pickAndOpenDiff(sel.conn, sel.task.id, targetOf(arg).file));
+  });
+  reg("gridd.openWorktree", async (arg) => {
+    const sel = await taskOf(arg, undefined, "open the worktree of");
+    if (!sel) return undefined;
+    const task = sel.conn.store.task(sel.task.id) ?? sel.task;
+    if (!task.worktree) {
+      void vscode.window.showInformationMessage(`gridd: ${task.id} has no worktree yet (it gets one when an agent starts).`);
+      return undefined;
+    }
+    const dir = path.resolve(sel.conn.root, task.worktree);
+    return vscode.commands.executeCommand("vscode.openFolder", vscode.Uri.file(dir), { forceNewWindow: true });
+  });
+
+  // -- agents ------------------------------------------------------------------------------------
+  reg("gridd.followOutput", async (arg) => {
+    const sel = await agentOf(arg, "follow");
+    if (!sel) return undefined;
+    await outputs.follow(sel.conn, sel.agent.id);
+    return sel.agent.id;
+  });
+  reg("gridd.sendFollowUp", async (arg) => {
+    const sel = await agentOf(arg, "message");
+    if (!sel) return undefined;
+    const text = targetOf(arg).text ?? (await vscode.window.showInputBox({ title: `Message ${sel.agent.id}`, prompt: "Sent to the agent as its next input", ignoreFocusOut: true }));
+    if (!text) return undefined;
+    return guarded(sel.conn, () => sel.conn.call("POST", `/agents/${encodeURIComponent(sel.agent.id)}/respond`, { body: { response: text } }));
+  });
+  reg("gridd.killAgent", async (arg) => {
+    const sel = await agentOf(arg, "kill");
+    if (!sel) return undefined;
+    const ok = await vscode.window.showWarningMessage(`Kill ${sel.agent.id}? Its task becomes blocked.`, { modal: true }, "Kill");
+    if (ok !== "Kill") return undefined;
+    return guarded(sel.conn, () => sel.conn.call("POST", `/agents/${encodeURIComponent(sel.agent.id)}/kill`));
+  });
+
+  // -- questions ----------------------------------------------------------------------------------
+  reg("gridd.answerQuestion", async (arg) => {
+    let conn: FolderConnection | undefined;
+    let questionId: string | undefined;
+    if (arg && "kind" in arg && arg.kind === "question") {
+      conn = arg.conn;
+      questionId = arg.question.id;
+    } else {
+      conn = await connOf(arg);
+      questionId = targetOf(arg).questionId;
+    }
+    if (!conn) return false;
+    const pending = conn.state.pendingQuestions;
+    let q = pending.find((x) => x.id === questionId);
+    if (!q) {
+      if (pending.length === 0) {
+        void vscode.window.showInformationMessage("gridd: no pending question.");
+        return false;
+      }
+      const picked = await vscode.window.showQuickPick(pending.map((x) => ({ label: x.question, description: `${x.agentId} · ${x.id}`, q: x })), { placeHolder: "Question to answer" });
+      q = picked?.q;
+    }
+    if (!q) return false;
+    const answer = targetOf(arg).text ?? (await askFreeText(q));
+    return answer === undefined ? false : answerQuestion(conn, q, answer);
+  });
+}

@@ -1,0 +1,234 @@
+/**
+ * The gridd view container's trees: session, tasks (grouped by status), agents, questions,
+ * merges and conflicts. Each is a pure rendering of the connections' RepoState; with more
+ * than one repository in the workspace, each tree has one top-level node per folder.
+ */
+
+import * as vscode from "vscode";
+
+import type { Agent, Question, Task } from "../client/types";
+import type { FolderConnection } from "./connection";
+import type { Connections } from "./manager";
+
+export type Node =
+  | { kind: "folder"; conn: FolderConnection }
+  | { kind: "info"; conn: FolderConnection | undefined; label: string; description?: string; icon?: string; command?: vscode.Command; tooltip?: string }
+  | { kind: "group"; conn: FolderConnection; status: string; tasks: Task[] }
+  | { kind: "task"; conn: FolderConnection; task: Task }
+  | { kind: "agent"; conn: FolderConnection; agent: Agent }
+  | { kind: "question"; conn: FolderConnection; question: Question };
+
+/** Status groups, in the order a person scans them. */
+export const STATUS_ORDER = ["working", "review", "merging", "ready", "pending", "rate_limited", "blocked", "failed", "done", "cancelled"];
+
+const STATUS_ICON: Record<string, string> = {
+  working: "sync~spin", review: "eye", merging: "git-merge", ready: "circle-outline", pending: "clock",
+  rate_limited: "watch", blocked: "warning", failed: "error", done: "pass", cancelled: "circle-slash",
+};
+
+type Build = (conn: FolderConnection) => Node[];
+
+export class GriddTree implements vscode.TreeDataProvider<Node> {
+  private readonly emitter = new vscode.EventEmitter<Node | undefined>();
+  readonly onDidChangeTreeData = this.emitter.event;
+
+  constructor(
+    private readonly conns: Connections,
+    private readonly build: Build,
+  ) {}
+
+  refresh(): void {
+    this.emitter.fire(undefined);
+  }
+
+  getChildren(node?: Node): Node[] {
+    if (!node) {
+      const all = this.conns.all;
+      if (all.length === 1 && all[0]) return this.build(all[0]);
+      return all.map((conn) => ({ kind: "folder", conn }));
+    }
+    if (node.kind === "folder") return this.build(node.conn);
+    if (node.kind === "group") return node.tasks.map((task) => ({ kind: "task", conn: node.conn, task }));
+    if (node.kind === "task") return taskDetails(node.conn, node.task);
+    return [];
+  }
+
+  getTreeItem(node: Node): vscode.TreeItem {
+    return render(node);
+  }
+}
+
+function render(node: Node): vscode.TreeItem {
+  const None = vscode.TreeItemCollapsibleState.None;
+  switch (node.kind) {
+    case "folder": {
+      const item = new vscode.TreeItem(node.conn.name, vscode.TreeItemCollapsibleState.Expanded);
+      item.description = node.conn.connected ? undefined : "not connected";
+      item.iconPath = new vscode.ThemeIcon("repo");
+      return item;
+    }
+    case "info": {
+      const item = new vscode.TreeItem(node.label, None);
+      item.description = node.description;
+      item.tooltip = node.tooltip;
+      if (node.icon) item.iconPath = new vscode.ThemeIcon(node.icon);
+      if (node.command) item.command = node.command;
+      item.contextValue = "info";
+      return item;
+    }
+    case "group": {
+      const expanded = node.status === "done" || node.status === "cancelled" ? vscode.TreeItemCollapsibleState.Collapsed : vscode.TreeItemCollapsibleState.Expanded;
+      const item = new vscode.TreeItem(`${node.status} (${node.tasks.length})`, expanded);
+      item.iconPath = new vscode.ThemeIcon(STATUS_ICON[node.status] ?? "circle");
+      item.id = `${node.conn.folder.uri.toString()}#group:${node.status}`;
+      return item;
+    }
+    case "task": {
+      const t = node.task;
+      const item = new vscode.TreeItem(`${t.id}: ${t.status}`, vscode.TreeItemCollapsibleState.Collapsed);
+      item.description = taskDescription(t);
+      item.tooltip = new vscode.MarkdownString(`**${t.title}**\n\n${t.error ? `error: ${t.error}\n\n` : ""}${t.prompt ?? ""}`);
+      item.iconPath = new vscode.ThemeIcon(STATUS_ICON[t.status] ?? "circle");
+      item.contextValue = `task.${t.status}${t.worktree ? ".hasWorktree" : ""}`;
+      item.id = `${node.conn.folder.uri.toString()}#task:${t.id}`;
+      return item;
+    }
+    case "agent": {
+      const a = node.agent;
+      const item = new vscode.TreeItem(`${a.id} (${a.taskId})`, None);
+      item.description = agentDescription(a);
+      item.tooltip = `${a.status}${a.activity ? ` · ${a.activity}` : ""}${a.message ? `\n${a.message}` : ""}\n${a.lastOutput ?? ""}`;
+      item.iconPath = new vscode.ThemeIcon(a.status === "waiting" ? "question" : a.stalled ? "warning" : "hubot");
+      item.contextValue = `agent.${a.status}`;
+      item.command = { title: "Follow Output", command: "gridd.followOutput", arguments: [node] };
+      return item;
+    }
+    case "question": {
+      const q = node.question;
+      const item = new vscode.TreeItem(q.question, None);
+      item.description = `${q.agentId} · ${q.taskId}${q.options.length ? ` · ${q.options.join(" / ")}` : ""}`;
+      item.iconPath = new vscode.ThemeIcon("question");
+      item.contextValue = "question";
+      item.command = { title: "Answer", command: "gridd.answerQuestion", arguments: [node] };
+      return item;
+    }
+  }
+}
+
+export function taskDescription(t: Task): string {
+  const parts: string[] = [t.title];
+  if (t.dependsOn.length) parts.push(`after ${t.dependsOn.join(", ")}`);
+  if (t.attempts > 1) parts.push(`attempt ${t.attempts}${t.maxAttempts ? `/${t.maxAttempts}` : ""}`);
+  if (t.status === "rate_limited" && t.resumeAt) parts.push(`resumes ${clock(t.resumeAt)}`);
+  if (t.waitingSince) parts.push("waiting for an answer");
+  if (t.costUsd) parts.push(money(t.costUsd));
+  return parts.join(" · ");
+}
+
+function taskDetails(conn: FolderConnection, t: Task): Node[] {
+  const out: Node[] = [];
+  const info = (label: string, description?: string, icon?: string): Node => ({ kind: "info", conn, label, description, icon });
+  out.push(info("title", t.title, "note"));
+  if (t.dependsOn.length) {
+    const deps = t.dependsOn.map((d) => `${d} (${conn.store.task(d)?.status ?? "?"})`);
+    out.push(info("depends on", deps.join(", "), "references"));
+  }
+  out.push(info("attempts", `${t.attempts}${t.maxAttempts ? ` of ${t.maxAttempts}` : ""}`, "history"));
+  if (t.status === "rate_limited") out.push(info("rate limited", t.resumeAt ? `resumes ${clock(t.resumeAt)}` : "until the provider's limit resets", "watch"));
+  if (t.waitingSince) out.push(info("waiting", `for an answer since ${clock(t.waitingSince)}`, "question"));
+  if (t.error) out.push(info("last error", t.error, "error"));
+  if (t.branch) out.push(info("branch", t.branch, "git-branch"));
+  if (t.changedFiles?.length) out.push(info("changed", t.changedFiles.join(", "), "diff"));
+  if (t.costUsd) out.push(info("cost", money(t.costUsd), "credit-card"));
+  return out;
+}
+
+export function agentDescription(a: Agent): string {
+  const parts: string[] = [a.status];
+  if (a.activity) parts.push(String(a.activity));
+  if (a.message) parts.push(String(a.message));
+  if (a.lastOutput) parts.push(`“${String(a.lastOutput).slice(0, 80)}”`);
+  parts.push(money(a.costUsd ?? 0));
+  if (a.stalled) parts.push("stalled");
+  return parts.join(" · ");
+}
+
+function notConnected(conn: FolderConnection): Node[] {
+  if (conn.connected) return [];
+  const start: vscode.Command = { title: "Start gridd", command: "gridd.startDaemon", arguments: [conn] };
+  if (!conn.everConnected && !conn.socketExists()) {
+    return [{ kind: "info", conn, label: "gridd is not running", description: "click to start", icon: "debug-start", command: start }];
+  }
+  return [{ kind: "info", conn, label: "not connected", description: "retrying…", icon: "debug-disconnect", tooltip: "gridd is not answering on .grid/gridd.sock; the extension reconnects by itself" }];
+}
+
+export const buildSession: Build = (conn) => {
+  const out = notConnected(conn);
+  if (!conn.store.loaded) return out;
+  const s = conn.state.session;
+  const agents = conn.state.agents.length;
+  const info = (label: string, description: string, icon: string, command?: vscode.Command): Node => ({ kind: "info", conn, label, description, icon, command });
+  if (s.started) {
+    out.push(info(`session: ${s.featureBranch ?? "HEAD"}`, "running", "play-circle", { title: "Stop", command: "gridd.stopSession", arguments: [conn] }));
+  } else {
+    out.push(info("session: stopped", s.stopReason ? `stop reason: ${s.stopReason}` : "start one from here", "debug-stop", { title: "Start", command: "gridd.startSession", arguments: [conn] }));
+  }
+  out.push(info("agents", `${agents} of ${s.maxAgents}`, "hubot"));
+  const spent = s.spentUsd ?? 0;
+  out.push(info("spent", s.budgetUsd != null ? `${money(spent)} of ${money(s.budgetUsd)}` : money(spent), "credit-card"));
+  const stats = conn.state.stats;
+  const counts = STATUS_ORDER.map((k) => [k, stats[k === "rate_limited" ? "rateLimited" : k] ?? 0] as const).filter(([, n]) => n > 0);
+  out.push(info("tasks", counts.map(([k, n]) => `${n} ${k}`).join(", ") || "none", "checklist"));
+  if (conn.skew && !conn.skew.ok) out.push(info("version", conn.skew.message, "warning", { title: "Version", command: "gridd.showVersion", arguments: [conn] }));
+  else if (conn.state.daemon.version) out.push(info("daemon", `gridd ${conn.state.daemon.version}`, "server-process"));
+  return out;
+};
+
+export const buildTasks: Build = (conn) => {
+  const out = notConnected(conn);
+  const tasks = conn.state.tasks;
+  if (conn.store.loaded && tasks.length === 0) out.push({ kind: "info", conn, label: "no tasks", description: "add one with Gridd: Add Task", icon: "add", command: { title: "Add Task", command: "gridd.addTask", arguments: [conn] } });
+  const groups = new Map<string, Task[]>();
+  for (const t of tasks) groups.set(t.status, [...(groups.get(t.status) ?? []), t]);
+  const order = [...STATUS_ORDER, ...[...groups.keys()].filter((k) => !STATUS_ORDER.includes(k))];
+  for (const status of order) {
+    const list = groups.get(status);
+    if (list?.length) out.push({ kind: "group", conn, status, tasks: list.sort((a, b) => a.id.localeCompare(b.id)) });
+  }
+  return out;
+};
+
+export const buildAgents: Build = (conn) => [
+  ...notConnected(conn),
+  ...conn.state.agents.map((agent): Node => ({ kind: "agent", conn, agent })),
+];
+
+export const buildQuestions: Build = (conn) => [
+  ...notConnected(conn),
+  ...conn.state.pendingQuestions.map((question): Node => ({ kind: "question", conn, question })),
+];
+
+export const buildMerges: Build = (conn) => {
+  const out: Node[] = conn.state.tasks
+    .filter((t) => t.status === "merging")
+    .map((task): Node => ({ kind: "task", conn, task }));
+  for (const c of conn.conflicts) {
+    const files = Array.isArray(c.files) ? c.files.join(", ") : "";
+    const tasks = Array.isArray(c.tasks) ? c.tasks.join(" ↔ ") : "";
+    out.push({ kind: "info", conn, label: `overlap: ${tasks || "tasks"}`, description: files, icon: "git-compare" });
+  }
+  return out;
+};
+
+export function hasMerges(conns: Connections): boolean {
+  return conns.all.some((c) => c.conflicts.length > 0 || c.state.tasks.some((t) => t.status === "merging"));
+}
+
+export function money(usd: number): string {
+  return `$${usd.toFixed(2)}`;
+}
+
+function clock(iso: string): string {
+  const d = new Date(iso);
+  return Number.isNaN(d.getTime()) ? iso : d.toLocaleTimeString();
+}

@@ -1,0 +1,229 @@
+"""``gridctl doctor``: is this machine and workspace fit to run gridd? A verdict and a fix
+for each check; exit 1 when something needs action (any ``fail``), 0 otherwise.
+
+It never starts the daemon and changes nothing: it reads files, runs ``--version`` of the
+programs the configuration names, opens the database read-only and asks ``/health`` if a
+daemon answers. The checks themselves are in ``doctor_checks``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import sys
+from pathlib import Path
+
+import psutil
+
+from gridd.cli import daemonctl
+from gridd.cli.context import EXIT_ERROR, EXIT_OK, Command, Context
+from gridd.cli.doctor_checks import (
+    Check,
+    check_binaries,
+    check_disk,
+    check_fd_limit,
+    check_git,
+    check_grid_dir,
+    check_socket,
+    check_trust,
+)
+from gridd.client import GridClient
+from gridd.errors import GriddError
+from gridd.settings import Settings, load_settings
+from gridd.statecheck import check_state
+from gridd.workspace import Workspace, find_workspace
+
+MARKS = {"ok": "  ok ", "warn": " warn", "fail": " FAIL"}
+
+
+def configured_commands(settings: Settings, root: Path) -> dict[str, list[str]]:
+    """config key -> argv of every program gridd may run for this workspace."""
+    commands: dict[str, list[str]] = {}
+    profiles = settings.profiles()
+    default = settings.scheduler.default_agent
+    for name, profile in profiles.items():
+        if name in settings.agents or name == default:
+            commands[f"agents.{name}.command"] = profile.command
+    beads = settings.beads
+    if beads.enabled or (beads.enabled is None and (root / ".beads").is_dir()):
+        commands["beads.command"] = beads.command
+    if settings.notifications.command:
+        commands["notifications.command"] = settings.notifications.command
+    return commands
+
+
+def lock_holder(lock: Path) -> int | None:
+    """The pid holding ``flock`` on ``lock`` (from /proc/locks), else whether it is held
+    at all (a non-blocking try, released at once: pid 0 means "held, holder unknown")."""
+    try:
+        st = lock.stat()
+    except FileNotFoundError:
+        return None
+    device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == device:
+                return int(fields[4])
+        return None
+    except (OSError, ValueError):
+        pass
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return 0
+    finally:
+        os.close(fd)
+    return None
+
+
+def _describe(pid: int) -> str:
+    try:
+        return " ".join(psutil.Process(pid).cmdline())[:120] or "?"
+    except psutil.Error:
+        return "gone"
+
+
+def check_pid_and_lock(ws: Workspace, answering_pid: int | None) -> list[Check]:
+    checks = []
+    pid = daemonctl._read_pid(ws.pid_path)
+    if pid is not None and pid != answering_pid:
+        if daemonctl._process(pid) is None:
+            checks.append(
+                Check(
+                    "pid file",
+                    "warn",
+                    f"{ws.pid_path} names pid {pid}, which is"
+                    " not running: left by a daemon that was killed",
+                    f"harmless (overwritten at the next start); rm {ws.pid_path}",
+                )
+            )
+        else:
+            checks.append(
+                Check(
+                    "pid file",
+                    "fail",
+                    f"{ws.pid_path} names live pid {pid}"
+                    f" ({_describe(pid)}), which does not answer on the socket",
+                    f"a hung or starting gridd: see {ws.log_path}; kill {pid}",
+                )
+            )
+    else:
+        checks.append(Check("pid file", "ok", "none, or the answering daemon's"))
+    holder = lock_holder(ws.lock_path)
+    if holder is None or holder == answering_pid:
+        checks.append(Check("lock", "ok", "free, or held by the answering daemon"))
+    else:
+        who = f"pid {holder} ({_describe(holder)})" if holder else "another process"
+        checks.append(
+            Check(
+                "lock",
+                "fail",
+                f"{ws.lock_path} is held by {who}, but no daemon"
+                " answers on the socket: gridd cannot start here",
+                f"a hung or starting gridd: see {ws.log_path}"
+                + (f"; kill {holder}" if holder else ""),
+            )
+        )
+    return checks
+
+
+def check_database(ws: Workspace) -> Check:
+    report = check_state(ws.db_path)
+    if report.problem is not None:
+        fix = (
+            "upgrade gridd (the database was written by a newer one)"
+            if report.schema is not None and report.schema > report.supported_schema
+            else "stop gridd and start it again: it moves an unreadable database aside"
+            " (gridd.db.corrupt-<time>) and starts afresh; see docs/operations.md"
+        )
+        return Check("database", "fail", report.problem, fix)
+    if not report.exists:
+        return Check("database", "ok", "no database yet (created at first start)")
+    counts = ", ".join(f"{v} {k}" for k, v in report.counts.items())
+    return Check(
+        "database",
+        "ok",
+        f"quick_check ok, schema {report.schema} (this gridd: {report.supported_schema}); {counts}",
+    )
+
+
+def check_daemon(ws: Workspace) -> tuple[Check, int | None]:
+    status = daemonctl.probe(ws)
+    if status is None:
+        return Check("daemon", "ok", "not running (gridctl starts it on demand)"), None
+    with contextlib.suppress(GriddError), GridClient(ws.socket_path, timeout=5) as client:
+        health = client.get("/health")
+        if health.get("status") != "ok":
+            return Check(
+                "daemon",
+                "warn",
+                f"pid {status.pid} answers but is"
+                f" {health.get('status')}: {'; '.join(health.get('warnings', []))}",
+                f"see {ws.log_path}",
+            ), status.pid
+    return Check("daemon", "ok", f"running: pid {status.pid}, gridd {status.version}"), status.pid
+
+
+def run_checks(ws: Workspace, environ: dict[str, str]) -> list[Check]:
+    daemon, pid = check_daemon(ws)
+    checks = [check_git(environ)]
+    try:
+        settings = load_settings(ws.config_path)
+    except GriddError as exc:
+        checks.append(Check("config", "fail", exc.message, f"fix {ws.config_path}"))
+    else:
+        checks += check_binaries(configured_commands(settings, ws.root), environ)
+    checks.append(check_trust(ws.config_path, environ))
+    checks.append(check_grid_dir(ws.grid_dir, os.getuid()))
+    checks.append(check_socket(ws.socket_path, os.getuid(), answering=pid is not None))
+    checks += check_pid_and_lock(ws, pid)
+    checks.append(check_disk(ws.grid_dir if ws.grid_dir.exists() else ws.root))
+    checks.append(check_fd_limit(pid))
+    checks.append(check_database(ws))
+    checks.append(daemon)
+    return checks
+
+
+def build_doctor(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the checks as a JSON list")
+
+
+def run_doctor(ctx: Context) -> int:
+    ws = find_workspace(ctx.args.workspace)
+    checks = run_checks(ws, dict(os.environ))
+    failed = [c for c in checks if c.verdict == "fail"]
+    if ctx.args.json:
+        print(json.dumps([c.as_dict() for c in checks], indent=2))
+    else:
+        print(f"gridd doctor for {ws.root}")
+        for check in checks:
+            print(f"[{MARKS[check.verdict]}] {check.name}: {check.detail}")
+            if check.fix and check.verdict != "ok":
+                print(f"         fix: {check.fix}")
+        warned = sum(c.verdict == "warn" for c in checks)
+        summary = f"{len(checks)} checks: {len(failed)} need action, {warned} warning(s)"
+        print(summary if failed else f"{summary}; nothing needs action")
+    sys.stdout.flush()
+    return EXIT_ERROR if failed else EXIT_OK
+
+
+DOCTOR = Command(
+    help="check git, agent binaries, permissions, stale pid/lock, trust, disk, fd limit,"
+    " database and daemon; exit 1 when something needs action",
+    description="Check that this machine and workspace can run gridd, with a verdict (ok,"
+    " warn, FAIL) and a fix for each: git >= 2.38, the programs the config names (claude,"
+    " bd, ...) and their versions, .grid/ and socket permissions, a stale pid file or a"
+    " held lock with no daemon, the config's trust, free disk, the open-files limit, the"
+    " database (read-only quick_check and schema) and the daemon's health. It never starts"
+    " the daemon or changes anything. Exit status 1 when any check FAILs.",
+    build=build_doctor,
+    run=run_doctor,
+)

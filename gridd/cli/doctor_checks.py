@@ -1,0 +1,284 @@
+"""What ``gridctl doctor`` checks, one function per concern, each returning ``Check``s.
+
+Decisions are pure (``git_verdict``, ``mode_verdict``, ``disk_verdict``, ``fd_verdict``);
+the functions around them look at the machine: git on PATH, the agent binaries the config
+names, ``.grid/`` and the socket, the pid and lock files, trust, disk, fd limits, the
+database (read-only) and the daemon. Nothing here changes anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import resource
+import shutil
+import stat
+import subprocess
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+Verdict = Literal["ok", "warn", "fail"]
+
+#: ``git merge-tree --write-tree`` (conflict prediction, the merge queue) needs this.
+GIT_MIN = (2, 38)
+FD_MIN = 4096
+DISK_FAIL_BYTES = 200 * 1024 * 1024
+DISK_WARN_BYTES = 2 * 1024 * 1024 * 1024
+VERSION_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    verdict: Verdict
+    detail: str
+    fix: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"check": self.name, "verdict": self.verdict, "detail": self.detail, "fix": self.fix}
+
+
+def version_of(argv: list[str], environ: dict[str, str]) -> str | None:
+    """The first line ``<argv> --version`` prints, or None if it fails."""
+    try:
+        result = subprocess.run(
+            [*argv, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=VERSION_TIMEOUT,
+            env=environ,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = (result.stdout or result.stderr).strip().splitlines()
+    return lines[0].strip() if result.returncode == 0 and lines else None
+
+
+# -- pure decisions ------------------------------------------------------------------------------
+
+
+def parse_git_version(text: str) -> tuple[int, ...] | None:
+    match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return tuple(int(g) for g in match.groups() if g is not None) if match else None
+
+
+def git_verdict(version: tuple[int, ...] | None) -> Verdict:
+    if version is None:
+        return "fail"
+    return "ok" if version[:2] >= GIT_MIN else "fail"
+
+
+def mode_verdict(mode: int, *, allowed: int) -> Verdict:
+    """``fail`` when the file grants any permission outside ``allowed``."""
+    return "ok" if stat.S_IMODE(mode) & ~allowed == 0 else "fail"
+
+
+def disk_verdict(free: int) -> Verdict:
+    return "fail" if free < DISK_FAIL_BYTES else "warn" if free < DISK_WARN_BYTES else "ok"
+
+
+def fd_verdict(soft: int) -> Verdict:
+    return "ok" if soft == resource.RLIM_INFINITY or soft >= FD_MIN else "warn"
+
+
+def names_a_command(data: Any) -> bool:
+    """Whether a parsed config names anything gridd would run (a key holding "command")."""
+    if isinstance(data, dict):
+        return any(
+            ("command" in str(k) and v not in (None, [], "")) or names_a_command(v)
+            for k, v in data.items()
+        )
+    if isinstance(data, list):
+        return any(names_a_command(v) for v in data)
+    return False
+
+
+def recorded_sha(entry: Any) -> str | None:
+    """The sha256 a ``trusted.json`` entry records (a string, or an object with one)."""
+    if isinstance(entry, str):
+        return entry
+    if isinstance(entry, dict):
+        value = entry.get("sha256") or entry.get("hash")
+        return str(value) if value else None
+    return None
+
+
+# -- the checks ----------------------------------------------------------------------------------
+
+
+def check_git(environ: dict[str, str]) -> Check:
+    git = shutil.which("git", path=environ.get("PATH"))
+    if git is None:
+        return Check("git", "fail", "git is not on PATH", "install git >= 2.38")
+    text = version_of([git], environ) or ""
+    version = parse_git_version(text)
+    if git_verdict(version) == "ok":
+        return Check("git", "ok", f"{text} ({git})")
+    return Check(
+        "git",
+        "fail",
+        f"{text or 'git --version failed'} ({git}): gridd needs >= {'.'.join(map(str, GIT_MIN))}"
+        " (git merge-tree --write-tree, for merges and conflict prediction)",
+        "install a newer git (Debian: backports; macOS: brew install git) and put it first on PATH",
+    )
+
+
+def check_binaries(commands: dict[str, list[str]], environ: dict[str, str]) -> list[Check]:
+    """Each program the configuration names: found on PATH, and what --version says."""
+    checks = []
+    for key, argv in commands.items():
+        program = argv[0]
+        found = shutil.which(program, path=environ.get("PATH"))
+        if found is None:
+            checks.append(
+                Check(
+                    f"binary {os.path.basename(program)}",
+                    "fail",
+                    f"{key} names {program!r}, which is not on PATH (nor executable)",
+                    f"install {program}, or change {key} in .grid/config.toml",
+                )
+            )
+            continue
+        version = version_of([found], environ)
+        detail = f"{found}" + (f": {version}" if version else " (no --version output)")
+        checks.append(Check(f"binary {os.path.basename(program)}", "ok", f"{key}: {detail}"))
+    return checks
+
+
+def check_grid_dir(grid_dir: Path, uid: int) -> Check:
+    try:
+        st = grid_dir.lstat()
+    except FileNotFoundError:
+        return Check(".grid/", "ok", f"{grid_dir} does not exist yet (created 0700 at first start)")
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        return Check(".grid/", "fail", f"{grid_dir} is not a directory", f"move {grid_dir} away")
+    if st.st_uid != uid:
+        return Check(
+            ".grid/",
+            "fail",
+            f"{grid_dir} is owned by uid {st.st_uid}, not you ({uid})",
+            f"chown -R {uid} {grid_dir}",
+        )
+    if mode_verdict(st.st_mode, allowed=0o700) == "fail":
+        return Check(
+            ".grid/",
+            "fail",
+            f"{grid_dir} is {oct(stat.S_IMODE(st.st_mode))}: other users can reach the"
+            " database, logs and agents' environments (API keys)",
+            f"chmod 700 {grid_dir}",
+        )
+    return Check(".grid/", "ok", f"{grid_dir} is 0700 and yours")
+
+
+def check_socket(sock: Path, uid: int, answering: bool) -> Check:
+    try:
+        st = sock.lstat()
+    except FileNotFoundError:
+        return Check("socket", "ok", "no socket (the daemon is not running)")
+    if not stat.S_ISSOCK(st.st_mode):
+        return Check(
+            "socket",
+            "fail",
+            f"{sock} exists and is not a socket; gridd will not start",
+            f"look at it, then remove it: rm {sock}",
+        )
+    if st.st_uid != uid or mode_verdict(st.st_mode, allowed=0o600) == "fail":
+        return Check(
+            "socket",
+            "fail",
+            f"{sock} is {oct(stat.S_IMODE(st.st_mode))}, owner uid {st.st_uid}",
+            f"chmod 600 {sock} (gridd binds it 0600; restart the daemon)",
+        )
+    if not answering:
+        return Check(
+            "socket",
+            "warn",
+            f"{sock} is left over: nothing answers on it",
+            "harmless: gridd removes a socket nobody listens on when it starts",
+        )
+    return Check("socket", "ok", f"{sock} is 0600 and yours")
+
+
+def check_disk(path: Path) -> Check:
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError as exc:
+        return Check("disk", "fail", f"cannot read free space of {path}: {exc}", "check the path")
+    human = f"{free / 1024**3:.1f} GiB free on the filesystem of {path}"
+    verdict = disk_verdict(free)
+    if verdict == "ok":
+        return Check("disk", "ok", human)
+    return Check(
+        "disk",
+        verdict,
+        human + " (worktrees, logs and the database grow here)",
+        "free space; old worktrees: git worktree remove .grid/worktrees/<id>",
+    )
+
+
+def check_fd_limit(daemon_pid: int | None) -> Check:
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    where = "this shell"
+    if daemon_pid is not None:
+        try:
+            import psutil
+
+            soft = psutil.Process(daemon_pid).rlimit(resource.RLIMIT_NOFILE)[0]
+            where = f"the running daemon (pid {daemon_pid})"
+        except Exception:  # not on Linux, or the process went away: the shell's limit stands
+            pass
+    shown = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+    if fd_verdict(soft) == "ok":
+        return Check("fd limit", "ok", f"{shown} open files for {where}")
+    return Check(
+        "fd limit",
+        "warn",
+        f"{shown} open files for {where}: many agents and SSE clients need more (>= {FD_MIN})",
+        "ulimit -n 65536 before starting gridd, or 'gridctl service install' (LimitNOFILE=65536)",
+    )
+
+
+def trust_file(environ: dict[str, str]) -> Path:
+    base = environ.get("XDG_STATE_HOME") or str(
+        Path(environ.get("HOME", "~")).expanduser() / ".local" / "state"
+    )
+    return Path(base) / "gridd" / "trusted.json"
+
+
+def check_trust(config: Path, environ: dict[str, str]) -> Check:
+    try:
+        raw = config.read_bytes()
+    except FileNotFoundError:
+        return Check("config trust", "ok", "no .grid/config.toml: nothing to trust")
+    try:
+        data = tomllib.loads(raw.decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        return Check("config", "fail", f"{config} is not valid TOML: {exc}", f"fix {config}")
+    if not names_a_command(data):
+        return Check("config trust", "ok", f"{config} names no command: nothing to trust")
+    digest = hashlib.sha256(raw).hexdigest()
+    store = trust_file(environ)
+    try:
+        entries = json.loads(store.read_text())
+    except (FileNotFoundError, ValueError):
+        entries = {}
+    if isinstance(entries, dict) and isinstance(entries.get("trusted"), dict):
+        entries = entries["trusted"]
+    recorded = (
+        recorded_sha(entries.get(str(config.resolve()))) if isinstance(entries, dict) else None
+    )
+    if recorded == digest:
+        return Check("config trust", "ok", f"{config} is trusted (sha256 {digest[:12]})")
+    why = "changed since it was trusted" if recorded else "not trusted"
+    return Check(
+        "config trust",
+        "fail",
+        f"{config} names commands and is {why}: gridd will not run them",
+        "read it, then: gridctl trust",
+    )

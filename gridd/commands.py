@@ -165,7 +165,9 @@ class Commands:
 
     def cancel_task(self, task_id: str) -> Task:
         task = self.task(task_id)
-        if not task_can_move(task.status, TaskStatus.CANCELLED):
+        if task.status == TaskStatus.CANCELLED or not task_can_move(
+            task.status, TaskStatus.CANCELLED
+        ):
             raise Conflict(f"task {task_id!r} is already {task.status.value}", code="task_finished")
         updated = move_task(
             self.state, task_id, TaskStatus.CANCELLED, reason="cancelled by user", error="cancelled"

@@ -8,11 +8,16 @@ values, 404 for unknown ids).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from gridd.errors import Conflict, NotFound, ValidationFailed
 from gridd.faults import crash_point
+from gridd.git import feature
+from gridd.git.conflicts import merge_asker
 from gridd.ids import new_task_id, task_id_problem
 from gridd.lifecycle import intend_stop, move_task, task_can_move
 from gridd.model import Agent, AgentStatus, Question, SessionState, Task, TaskStatus, utcnow
@@ -46,7 +51,12 @@ class Commands:
         pool: AgentPool,
         scheduler: Scheduler,
         questions: QuestionBook,
+        root: Path,
     ) -> None:
+        self.root = root
+        self._session_lock = asyncio.Lock()
+        #: Delivers a human's answer to a merge question (set by the composition root).
+        self.merge_answers: Callable[[Question, str], None] | None = None
         self.settings = settings
         self.state = state
         self.pool = pool
@@ -100,6 +110,7 @@ class Commands:
                     max_attempts=spec.max_attempts or self.settings.scheduler.max_attempts,
                     max_sessions=spec.max_sessions or self.settings.scheduler.max_sessions,
                     timeout_seconds=spec.timeout_seconds,
+                    files=spec.files,
                     created_at=now,
                     updated_at=now,
                 )
@@ -225,7 +236,58 @@ class Commands:
                 f"task {task_id!r} is {task.status.value}; only a task in review can be approved",
                 code="task_not_in_review",
             )
-        updated = move_task(self.state, task_id, TaskStatus.DONE, reason="approved")
+        if self.state.session.feature_branch is None or task.branch is None:
+            # No feature branch to merge into (or no work to merge): approval is the end.
+            updated = move_task(
+                self.state, task_id, TaskStatus.DONE, reason="approved", feedback=None
+            )
+        else:
+            updated = move_task(
+                self.state,
+                task_id,
+                TaskStatus.MERGING,
+                reason="approved; queued for the merge",
+                merge_queued_at=utcnow(),
+                merge_commit=None,
+                feedback=None,
+                error=None,
+            )
+            self.state.bus.publish(
+                "task.merge_queued",
+                {"taskId": task_id, "featureBranch": self.state.session.feature_branch},
+            )
+        self.questions.close_for_agent(merge_asker(task_id), "the task was approved")
+        self.state.flush()
+        crash_point(self.settings, "intent.recorded")
+        return updated
+
+    def approve_all(self) -> list[Task]:
+        """Approve every task in review, in the order they reached it."""
+        waiting = [t for t in self.state.tasks.values() if t.status == TaskStatus.REVIEW]
+        waiting.sort(key=lambda t: (t.updated_at, t.id))
+        return [self.approve_task(t.id) for t in waiting]
+
+    def reject_task(self, task_id: str, feedback: str) -> Task:
+        """Send a task in review back to its agent, in its worktree, with the feedback."""
+        task = self.task(task_id)
+        if task.status != TaskStatus.REVIEW:
+            raise Conflict(
+                f"task {task_id!r} is {task.status.value}; only a task in review can be rejected",
+                code="task_not_in_review",
+            )
+        updated = move_task(
+            self.state,
+            task_id,
+            TaskStatus.WORKING,
+            reason="rejected by a reviewer",
+            feedback=feedback,
+            sessions=0,
+            summary=None,
+            error=None,
+        )
+        self.pool.not_before.pop(task_id, None)
+        self.questions.close_for_agent(merge_asker(task_id), "the task was rejected")
+        self.state.bus.publish("task.rejected", {"taskId": task_id, "feedback": feedback[:4000]})
         self.state.flush()
         crash_point(self.settings, "intent.recorded")
         return updated
@@ -236,7 +298,27 @@ class Commands:
 
     # -- the session ------------------------------------------------------------------------------
 
-    def start_session(self, req: SessionStart) -> SessionState:
+    async def begin_session(self, req: SessionStart) -> SessionState:
+        """``POST /session/start``: the feature branch first (validated, refused while
+        checked out, created once), then the session, so no task spawns before it exists."""
+        if req.feature_branch is None:
+            return self.start_session(req)
+        async with self._session_lock:
+            branch = await feature.prepare(self.root, req.feature_branch, req.base_branch)
+            if branch.created:
+                self.state.bus.publish(
+                    "session.branch_created",
+                    {
+                        "featureBranch": branch.name,
+                        "baseBranch": branch.base_branch,
+                        "commit": branch.tip,
+                    },
+                )
+            return self.start_session(req, branch=branch)
+
+    def start_session(
+        self, req: SessionStart, *, branch: feature.FeatureBranch | None = None
+    ) -> SessionState:
         current = self.state.session
         max_agents = req.max_agents or self.settings.scheduler.max_agents
         if "budget_usd" in req.model_fields_set:
@@ -250,14 +332,24 @@ class Commands:
                     code="session_running",
                 )
             if req.feature_branch == current.feature_branch:
-                session = current.model_copy(
-                    update={"max_agents": max_agents, "budget_usd": budget}
-                )
+                changes: dict[str, Any] = {"max_agents": max_agents, "budget_usd": budget}
+                if req.on_conflict is not None:
+                    changes["on_conflict"] = req.on_conflict
+                session = current.model_copy(update=changes)
                 self.state.set_session(session)
                 if budget is None and current.budget_usd is not None:
                     self.scheduler.warn_unbudgeted()
                 return session
-        return self.scheduler.start_session(req.feature_branch, max_agents, budget)
+        session = self.scheduler.start_session(req.feature_branch, max_agents, budget)
+        session = session.model_copy(
+            update={
+                "base_branch": branch.base_branch if branch else None,
+                "base_commit": branch.base_commit if branch else None,
+                "on_conflict": req.on_conflict or self.settings.merge.on_conflict,
+            }
+        )
+        self.state.set_session(session)
+        return session
 
     def stop_session(self, *, force: bool) -> SessionState:
         if not self.state.session.started and not self.state.live_agents():
@@ -302,7 +394,11 @@ class Commands:
         return None
 
     def answer(self, question_id: str, text: str) -> Question:
-        answered = self.questions.answer(question_id, text, deliver=self.pool.deliver_answer)
+        question = self.questions.get(question_id)
+        if question.agent_id == merge_asker(question.task_id) and self.merge_answers is not None:
+            answered = self.questions.answer(question_id, text, deliver=self.merge_answers)
+        else:
+            answered = self.questions.answer(question_id, text, deliver=self.pool.deliver_answer)
         self.state.flush()
         return answered
 

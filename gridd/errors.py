@@ -110,6 +110,10 @@ class StoreError(GriddError):
     code = "store_error"
 
 
+#: StoreError codes for a disk that cannot take writes: HTTP 507, the rest 503.
+DISK_CODES = frozenset({"disk_full", "disk_read_only"})
+
+
 class DaemonUnreachable(GriddError):
     code = "daemon_unreachable"
     transient = True

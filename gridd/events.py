@@ -1,7 +1,8 @@
 """The event bus: every state change is appended to the durable log, then fanned out.
 
-``publish`` is synchronous: the event is in SQLite before any subscriber sees it, and ids
-are handed out in the order subscribers receive them. Each subscriber owns a bounded queue;
+``publish`` is synchronous: the event is committed to SQLite before any subscriber sees it
+(inside a transaction, fan-out waits for the commit and a rollback cancels it), and ids
+are handed out strictly increasing, in the order subscribers receive them, never reused. Each subscriber owns a bounded queue;
 one that falls behind is dropped (it resumes from its last id with Last-Event-ID and loses
 nothing) so a slow client can never slow the others or grow memory without bound.
 """
@@ -158,7 +159,14 @@ class EventBus:
         return self._closed
 
     def publish(self, type_: str, data: dict[str, Any] | None = None) -> Event:
+        """Append ``type_`` to the log; subscribers and listeners hear of it once it is
+        committed (at once outside a transaction, at its commit inside one, never when it
+        rolls back). A full disk raises ``StoreError`` and nobody hears anything."""
         event = self._store.append_event(type_, data or {})
+        self._store.after_commit(lambda: self._fan_out(event))
+        return event
+
+    def _fan_out(self, event: Event) -> None:
         self.last_id = event.id
         for sub in list(self._subscribers):
             if sub.wants(event) and not sub._offer(event):
@@ -167,7 +175,6 @@ class EventBus:
                 log.warning("event subscriber fell behind at event %d; disconnecting it", event.id)
         for listener in self._listeners:
             listener(event)
-        return event
 
     def subscribe(
         self, *, types: Iterable[str] | None = None, after: int | None = None

@@ -46,6 +46,10 @@ def validate_task_id(task_id: str) -> str:
 
 def branch_problem(name: str) -> str | None:
     """Why a user-chosen branch name is unacceptable (git's check-ref-format rules)."""
+    if name == "HEAD" or name.startswith("-"):
+        return "HEAD and names starting with '-' are not branch names"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "must not contain control characters"
     if not FEATURE_BRANCH_RE.match(name):
         return "must start with a letter or digit and use only letters, digits, '.', '_', '-', '/'"
     for bad in ("..", "//", "@{", "/."):

@@ -18,7 +18,7 @@ The tables (read a row as "from this status, a task may move to ...")::
     pending       -> ready, blocked, working, cancelled
     ready         -> pending, blocked, working, cancelled
     working       -> ready, review, failed, blocked, cancelled, rate_limited
-    review        -> merging, done, ready, working, blocked, cancelled
+    review        -> merging, done, ready, working, blocked, failed, cancelled
     merging       -> done, review, working, failed, cancelled
     rate_limited  -> ready, working, cancelled
     blocked       -> pending, ready, working, cancelled
@@ -63,7 +63,7 @@ TASK_TRANSITIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = {
     T.PENDING: frozenset({T.READY, T.BLOCKED, T.WORKING, T.CANCELLED}),
     T.READY: frozenset({T.PENDING, T.BLOCKED, T.WORKING, T.CANCELLED}),
     T.WORKING: frozenset({T.READY, T.REVIEW, T.FAILED, T.BLOCKED, T.CANCELLED, T.RATE_LIMITED}),
-    T.REVIEW: frozenset({T.MERGING, T.DONE, T.READY, T.WORKING, T.BLOCKED, T.CANCELLED}),
+    T.REVIEW: frozenset({T.MERGING, T.DONE, T.READY, T.WORKING, T.BLOCKED, T.FAILED, T.CANCELLED}),
     T.MERGING: frozenset({T.DONE, T.REVIEW, T.WORKING, T.FAILED, T.CANCELLED}),
     T.RATE_LIMITED: frozenset({T.READY, T.WORKING, T.CANCELLED}),
     T.BLOCKED: frozenset({T.PENDING, T.READY, T.WORKING, T.CANCELLED}),

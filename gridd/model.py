@@ -80,6 +80,11 @@ class Task(WireModel):
     # Retry state, persisted so that a restart neither forgets a backoff nor a flap.
     backoff_until: datetime | None = None  # no new attempt before this (wall clock)
     failure_times: list[datetime] = Field(default_factory=list)  # recent failed runs
+    files: list[str] = Field(default_factory=list)  # files it declares it will touch (radar)
+    feedback: str | None = None  # a reviewer's or the merge queue's words for its next run
+    merge_queued_at: datetime | None = None  # approved at: the merge queue's order
+    merge_commit: str | None = None  # the feature branch commit that holds its work
+    merge_conflict: list[str] = Field(default_factory=list)  # files its last merge conflicted on
 
 
 class AgentStatus(StrEnum):
@@ -151,6 +156,9 @@ class Question(WireModel):
 class SessionState(WireModel):
     started: bool = False
     feature_branch: str | None = None
+    base_branch: str | None = None  # what the feature branch was created from
+    base_commit: str | None = None  # the base branch's commit when the session started
+    on_conflict: str = "agent"  # agent | human | fail: a conflicting or failing merge
     max_agents: int = 3
     started_at: datetime | None = None
     budget_usd: float | None = None  # None only when explicitly unlimited
@@ -164,6 +172,7 @@ class Stats(WireModel):
     ready: int = 0
     working: int = 0
     review: int = 0
+    merging: int = 0
     done: int = 0
     failed: int = 0
     blocked: int = 0
@@ -186,6 +195,18 @@ class DaemonInfo(WireModel):
     warnings: list[str] = Field(default_factory=list)
 
 
+class ConflictItem(WireModel):
+    """One finding of the conflict radar (``GET /conflicts``)."""
+
+    id: str  # "tasks:a+b" or "feature:a"
+    kind: str  # tasks: two live tasks change the same files; feature: a task and what landed
+    tasks: list[str]
+    files: list[str]  # changed by both
+    predicted_conflict: bool = False  # git merge-tree says their branches conflict
+    conflict_files: list[str] = Field(default_factory=list)
+    feature_commit: str | None = None  # for kind feature: the feature branch's tip
+
+
 class RepoState(WireModel):
     session: SessionState
     tasks: list[Task]
@@ -193,6 +214,7 @@ class RepoState(WireModel):
     pending_questions: list[Question]
     stats: Stats
     daemon: DaemonInfo
+    conflicts: list[ConflictItem] = Field(default_factory=list)
 
 
 class Event(WireModel):

@@ -191,6 +191,7 @@ class Observed:
     budget_left: float | None = None  # USD the session may still spend; None: no cap
     estimates: Mapping[str, float] = field(default_factory=dict)  # USD per session, by profile
     stop_when_idle: bool = False  # stop the session (no_work) once every task has settled
+    held: frozenset[str] = frozenset()  # ready tasks the conflict radar holds back
 
 
 @dataclass(frozen=True)
@@ -319,6 +320,8 @@ def plan(obs: Observed) -> list[Action]:
                 break
             if statuses.get(task.id) != TaskStatus.READY or task.id in busy or backing_off(task):
                 continue
+            if task.id in obs.held:
+                continue  # its declared files overlap a live task's: it waits for that merge
             profile = profile_of(task)
             if not profile_has_room(profile):
                 continue
@@ -347,7 +350,13 @@ def plan(obs: Observed) -> list[Action]:
 
 #: While any task is in one of these, a session still has (or will have) work.
 _ACTIVE = frozenset(
-    {TaskStatus.PENDING, TaskStatus.READY, TaskStatus.WORKING, TaskStatus.RATE_LIMITED}
+    {
+        TaskStatus.PENDING,
+        TaskStatus.READY,
+        TaskStatus.WORKING,
+        TaskStatus.RATE_LIMITED,
+        TaskStatus.MERGING,  # a merge may send it back to its agent
+    }
 )
 
 

@@ -23,7 +23,7 @@ from gridd.agents.output import OutputLog
 from gridd.agents.process import AgentProcess, ExitStatus, ShimStarter
 from gridd.agents.watch import Poll, RunWatch
 from gridd.background import Background
-from gridd.errors import Conflict, GriddError
+from gridd.errors import Conflict, GriddError, StoreError
 from gridd.events import EventBus
 from gridd.health import LAUNCH_HINT, Limits, Verdict, assess
 from gridd.lifecycle import move_agent, move_task
@@ -40,6 +40,9 @@ POLL_SECONDS = 0.02
 QUIET_POLL_SECONDS = 0.05
 QUIET_AFTER_SECONDS = 2.0
 LIVENESS_SECONDS = 0.5
+#: A state database that cannot be written: retry watching after this (doubling, capped).
+STORE_RETRY_SECONDS = 0.5
+STORE_RETRY_MAX_SECONDS = 10.0
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 
@@ -63,6 +66,15 @@ def continuation_prompt(task: Task, session: int) -> str:
         f"{base_prompt}\n\n---\nThis is session {session} of {task.max_sessions} on this task."
         " The previous session ended by asking to continue. Its summary:\n"
         f"{summary}\n\nThe worktree and branch still hold its work; carry on from there."
+    )
+
+
+def feedback_prompt(task: Task) -> str:
+    """The prompt of a run sent back by a reviewer (reject) or by the merge queue."""
+    base_prompt = task.prompt or task.title
+    return (
+        f"{base_prompt}\n\n---\nYour earlier work on this task is in this worktree and on"
+        f" its branch. It was sent back to you:\n\n{task.feedback}\n"
     )
 
 
@@ -178,16 +190,20 @@ class AgentPool:
         continuing = task.sessions > 0
         attempt = task.attempts if continuing else task.attempts + 1
         session_number = task.sessions + 1
-        prompt = (
-            continuation_prompt(task, session_number) if continuing else (task.prompt or task.title)
-        )
+        if continuing:
+            prompt = continuation_prompt(task, session_number)
+        elif task.feedback:
+            prompt = feedback_prompt(task)
+        else:
+            prompt = task.prompt or task.title
         agent_id = f"{profile_name}-{self.state.store.next_counter('agent')}"
         run_dir = self.ws.runs_dir / agent_id
         argv = render_command(
             profile.command,
             {"prompt": prompt, "task_id": task.id, "worktree": str(worktree.path)},
         )
-        previous_session = self._previous_session_id(task.id) if continuing else None
+        resumes = continuing or bool(task.feedback)  # the same conversation, sent back
+        previous_session = self._previous_session_id(task.id) if resumes else None
         if previous_session and profile.adapter == "claude":
             argv += ["--resume", previous_session]
         env = {
@@ -394,6 +410,20 @@ class AgentPool:
     # -- watching ------------------------------------------------------------------------------
 
     async def _watch(self, agent_id: str) -> None:
+        """Watch one agent until it has exited and been finished. A state database that
+        cannot be written (a full or read-only disk) pauses the watching, never ends it:
+        the agent's output stays in its run files and the watch resumes once writes work."""
+        pause = STORE_RETRY_SECONDS
+        while True:
+            try:
+                await self._watch_once(agent_id)
+                return
+            except StoreError as exc:
+                log.error("agent %s: %s; watching again in %.0fs", agent_id, exc.message, pause)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, STORE_RETRY_MAX_SECONDS)
+
+    async def _watch_once(self, agent_id: str) -> None:
         handle, run = self.handles[agent_id], self.runs[agent_id]
         next_liveness = 0.0
         while True:

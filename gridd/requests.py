@@ -9,7 +9,7 @@ that may be empty (``agent``, ``timeoutSeconds``) and is refused for any other.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
@@ -65,6 +65,11 @@ class TaskSpec(RequestModel):
     max_attempts: int | None = Field(None, ge=1, le=100)
     max_sessions: int | None = Field(None, ge=1, le=1000, description="agent sessions per task")
     timeout_seconds: float | None = Field(None, gt=0, le=7 * 24 * 3600)
+    files: list[Line] = Field(
+        default_factory=list,
+        max_length=1000,
+        description="paths the task expects to change (the conflict radar's hold policy)",
+    )
 
     @field_validator("id")
     @classmethod
@@ -112,16 +117,30 @@ class PlanSpec(RequestModel):
 
 
 class SessionStart(RequestModel):
-    feature_branch: str | None = Field(None, max_length=200)
+    feature_branch: str | None = Field(
+        None, max_length=200, description="the branch every approved task is merged into"
+    )
+    base_branch: str | None = Field(
+        None,
+        max_length=200,
+        description="where a new feature branch starts (default: the main worktree's branch)",
+    )
     max_agents: int | None = Field(None, ge=1, le=256)
     budget_usd: float | None = Field(None, ge=0)
+    on_conflict: Literal["agent", "human", "fail"] | None = Field(
+        None, description="a conflicting or failing merge: default [merge] on_conflict"
+    )
 
-    @field_validator("feature_branch")
+    @field_validator("feature_branch", "base_branch")
     @classmethod
     def _valid_branch(cls, value: str | None) -> str | None:
         if value is not None and (problem := branch_problem(value)):
             raise ValueError(f"invalid branch name {value!r}: {problem}")
         return value
+
+
+class Reject(RequestModel):
+    feedback: Text = Field(min_length=1, max_length=100_000)
 
 
 class Respond(RequestModel):

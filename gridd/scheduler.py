@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from gridd.background import Background
 from gridd.events import EventBus
@@ -51,6 +52,8 @@ class Scheduler:
         #: True when tasks can appear on their own (beads): never stop a session as idle.
         self.more_work_may_arrive = False
         self.last_pass_seconds = 0.0
+        #: Ready tasks to hold back (the conflict radar's policy; set by the composition root).
+        self.held: Callable[[], frozenset[str]] | None = None
         state.on_change(self.wake)
 
     def wake(self) -> None:
@@ -115,6 +118,7 @@ class Scheduler:
             budget_left=self._budget_left(),
             estimates={n: p.cost_per_session or 0.0 for n, p in profiles.items()},
             stop_when_idle=self.settings.scheduler.stop_when_idle and not self.more_work_may_arrive,
+            held=self.held() if self.held is not None else frozenset(),
         )
 
     def _budget_left(self) -> float | None:

@@ -13,16 +13,22 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from gridd import API_VERSION, HANDOVER_PROTOCOL, __version__
 from gridd.background import Background
 from gridd.commands import Commands
 from gridd.events import EventBus
 from gridd.finish import Finisher
+from gridd.git import radar
+from gridd.git.conflicts import ConflictPolicy
+from gridd.git.merge import MergeQueue, PauseSeam
+from gridd.git.radar import Radar
 from gridd.metrics import DaemonMetrics
 from gridd.model import (
     DaemonInfo,
     Health,
+    Question,
     RepoState,
     TaskStatus,
     VersionInfo,
@@ -109,13 +115,44 @@ class Grid:
             path=os.environ.get("PATH", os.defpath),
             all_done=self._all_tasks_done,
         )
+        self.conflicts = ConflictPolicy(
+            settings=settings.merge,
+            state=self.state,
+            bus=self.bus,
+            worktrees=self.worktrees,
+            questions=self.questions,
+        )
+        pause = os.environ.get("GRIDD_TEST_MERGE_PAUSE")  # a test seam; see git/merge.py
+        self.merges = MergeQueue(
+            settings=settings.merge,
+            state=self.state,
+            bus=self.bus,
+            worktrees=self.worktrees,
+            integration_dir=workspace.grid_dir / "integration",
+            policy=self.conflicts,
+            background=self.background,
+            pause=PauseSeam(Path(pause) if pause else None),
+        )
         self.commands = Commands(
             settings=settings,
             state=self.state,
             pool=self.pool,
             scheduler=self.scheduler,
             questions=self.questions,
+            root=workspace.root,
         )
+        self.commands.merge_answers = self._merge_answer
+        self.radar = Radar(
+            state=self.state,
+            bus=self.bus,
+            root=workspace.root,
+            background=self.background,
+            period=settings.merge.radar_seconds,
+        )
+        if settings.merge.hold_overlapping:
+            self.scheduler.held = lambda: radar.held(
+                self.state.tasks.values(), self.radar.changed()
+            )
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -141,6 +178,13 @@ class Grid:
         self.notifier.start()
         self.background.spawn("event-log-pruner", self._prune_loop())
         self.background.spawn("scheduler", self.scheduler.run())
+        self.merges.start()
+        self.radar.start()
+
+    def _merge_answer(self, question: Question, response: str) -> None:
+        self.background.spawn(
+            f"merge-answer:{question.task_id}", self.conflicts.answered(question, response)
+        )
 
     def _all_tasks_done(self) -> bool:
         tasks = self.state.tasks.values()
@@ -220,6 +264,7 @@ class Grid:
             pending_questions=self.questions.pending(),
             stats=self.state.stats(),
             daemon=self.daemon_info(),
+            conflicts=list(self.radar.items.values()),
         )
 
     def state_json(self) -> bytes:
@@ -236,6 +281,7 @@ class Grid:
             b'"agents":' + dump(list(self.state.live_agents())),
             b'"pendingQuestions":' + dump(list(self.questions.pending())),
             b'"stats":' + dump(self.state.stats()),
-            b'"daemon":' + dump(self.daemon_info()) + b"}",
+            b'"daemon":' + dump(self.daemon_info()),
+            b'"conflicts":' + dump(list(self.radar.items.values())) + b"}",
         ]
         return b",".join(parts)

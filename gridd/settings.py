@@ -234,6 +234,43 @@ class NotificationSettings(_Section):
     )
 
 
+class MergeSettings(_Section):
+    """``[merge]``: how approved tasks are merged into the session's feature branch."""
+
+    strategy: Literal["merge", "squash", "rebase"] = Field(
+        default="merge",
+        description="merge: a --no-ff merge commit naming the task; squash: one commit;"
+        " rebase: the task's commits replayed on the feature branch, then fast-forward",
+    )
+    check: list[str] = Field(
+        default_factory=list,
+        description="argv run in the integration worktree on the merged result; non-zero"
+        " exit refuses the merge ([] = no check)",
+    )
+    check_timeout_seconds: float = Field(
+        default=600.0, gt=0, le=24 * 3600, description="The check is killed after this long"
+    )
+    on_conflict: Literal["agent", "human", "fail"] = Field(
+        default="agent",
+        description="Default session policy for a conflicting or failing merge: agent (rerun"
+        " the task's agent on the conflict), human (back to review, a question asked), fail",
+    )
+    remove_worktree: bool = Field(
+        default=True, description="Remove a merged task's worktree (only if clean and merged)"
+    )
+    delete_branch: bool = Field(
+        default=False,
+        description="Delete a merged task's branch (only when the feature branch contains it)",
+    )
+    hold_overlapping: bool = Field(
+        default=False,
+        description="Hold back a ready task whose declared files overlap a live task's",
+    )
+    radar_seconds: float = Field(
+        default=3.0, gt=0, le=3600, description="Conflict radar refresh period per live task"
+    )
+
+
 class Settings(_Section):
     """All of gridd's settings, grouped by the part of the daemon they steer."""
 
@@ -243,6 +280,7 @@ class Settings(_Section):
     agents: dict[str, AgentProfile] = Field(default_factory=dict)
     beads: BeadsSettings = BeadsSettings()
     notifications: NotificationSettings = NotificationSettings()
+    merge: MergeSettings = MergeSettings()
 
     def profiles(self) -> dict[str, AgentProfile]:
         """Built-in profiles overlaid with the configured ones."""

@@ -55,8 +55,8 @@ class GridState:
         if not self._dirty:
             return
         changed = [t.wire() for t in self._dirty.values()]
-        self._dirty.clear()
         self.bus.publish("tasks.changed", {"tasks": changed, "partial": True})
+        self._dirty.clear()  # only once published: a full disk keeps them for the next flush
 
     # -- tasks -------------------------------------------------------------------------------
 

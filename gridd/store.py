@@ -12,7 +12,7 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -103,6 +103,10 @@ class Store:
         self._conn = conn
         self.path = path
         self.report = report
+        self._after_commit: list[Callable[[], None]] = []
+        # Ids are handed out from here, never by SQLite alone: a rolled-back insert would
+        # otherwise give its id to the next event (and a client may have been told of it).
+        self._next_event_id = self._max_event_id() + 1
 
     # -- opening -------------------------------------------------------------------------
 
@@ -165,22 +169,46 @@ class Store:
     def _exec(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         try:
             return self._conn.execute(sql, params)
-        except sqlite3.OperationalError as exc:
+        except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
+            if isinstance(exc, sqlite3.IntegrityError):
+                raise
             raise _store_error(exc) from exc
 
     def transaction(self) -> _Transaction:
-        return _Transaction(self._conn)
+        return _Transaction(self)
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._conn.in_transaction
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the open transaction commits (at once when none is open);
+        a rollback forgets it. This is how an event is published only once it is durable."""
+        if self._conn.in_transaction:
+            self._after_commit.append(callback)
+        else:
+            callback()
+
+    def _committed(self) -> None:
+        callbacks, self._after_commit = self._after_commit, []
+        for callback in callbacks:
+            callback()
+
+    def _rolled_back(self) -> None:
+        self._after_commit.clear()
 
     # -- events --------------------------------------------------------------------------
 
     def append_event(self, type_: str, data: dict[str, Any], ts: datetime | None = None) -> Event:
         ts = ts or utcnow()
-        payload = json.dumps(data, separators=(",", ":"), default=str)
-        cur = self._exec(
-            "INSERT INTO events(type, data, ts) VALUES (?, ?, ?)", (type_, payload, isotime(ts))
+        payload = json.dumps(data, separators=(",", ":"), default=str, allow_nan=False)
+        event_id = self._next_event_id
+        self._exec(
+            "INSERT INTO events(id, type, data, ts) VALUES (?, ?, ?, ?)",
+            (event_id, type_, payload, isotime(ts)),
         )
-        event_id = cur.lastrowid
-        assert event_id is not None
+        # Spent even if the insert is rolled back later: ids only ever go up.
+        self._next_event_id = event_id + 1
         event = Event(id=event_id, type=type_, data=data, ts=ts)
         event._json = payload
         event._nbytes = len(payload)
@@ -216,6 +244,11 @@ class Store:
         row = self._exec("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
         return int(row[0]) if row else 0
 
+    def _max_event_id(self) -> int:
+        row = self._exec("SELECT MAX(id) FROM events").fetchone()
+        top = int(row[0]) if row and row[0] is not None else 0
+        return max(top, self.last_event_id())
+
     def first_event_id(self) -> int:
         """The oldest id still retained (``last + 1`` when the log is empty)."""
         row = self._exec("SELECT MIN(id) FROM events").fetchone()
@@ -240,7 +273,7 @@ class Store:
                 " ON CONFLICT(id) DO UPDATE SET status = excluded.status, doc = excluded.doc",
                 rows,
             )
-        except sqlite3.OperationalError as exc:
+        except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
             raise _store_error(exc) from exc
 
     def load_tasks(self) -> list[Task]:
@@ -291,21 +324,56 @@ class Store:
 
 
 class _Transaction:
-    """``with store.transaction():`` groups writes atomically."""
+    """``with store.transaction():`` groups writes atomically. Callbacks registered with
+    ``after_commit`` inside it (the event bus's fan-out) run only once it has committed."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._conn = store._conn
 
     def __enter__(self) -> None:
-        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise _store_error(exc) from exc
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self._conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        if exc_type is None:
+            try:
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as commit_error:
+                self._rollback()
+                raise _store_error(commit_error) from commit_error
+            self._store._committed()
+        else:
+            self._rollback()
+
+    def _rollback(self) -> None:
+        try:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            log.error("rollback failed: %s", exc)
+        self._store._rolled_back()
+
+
+#: SQLite's words for a disk it cannot write to, and the code each becomes (507).
+_DISK_PROBLEMS = (
+    ("full", "disk_full", "the disk holding the state database is full"),
+    ("readonly", "disk_read_only", "the state database is on a read-only disk"),
+    ("read-only", "disk_read_only", "the state database is on a read-only disk"),
+)
 
 
 def _store_error(exc: sqlite3.Error) -> StoreError:
-    code = "disk_full" if "full" in str(exc).lower() else "store_error"
-    return StoreError(f"state database error: {exc}", code=code)
+    text = str(exc).lower()
+    for word, code, what in _DISK_PROBLEMS:
+        if word in text:
+            return StoreError(
+                f"{what}: nothing was recorded; free space (or make it writable) and retry ({exc})",
+                code=code,
+            )
+    return StoreError(f"state database error: {exc}", code="store_error")
 
 
 def _split_sql(script: str) -> list[str]:

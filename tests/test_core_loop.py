@@ -86,7 +86,7 @@ def test_a_three_wave_plan_runs_in_dependency_order_within_max_agents(repo: Path
         assert c.get("/agents") == []
 
         # Approving a1 alone frees b3 (needs a1) but not b1 (needs a1 and a2).
-        assert c.post("/tasks/a1/approve")["status"] == "done"
+        assert c.post("/tasks/a1/approve")["status"] == "merging"  # done once merged
         wait_task_status(c, "b3", "review")
         assert status(c, "b1") == "pending"
         assert status(c, "b2") == "pending"
@@ -115,7 +115,9 @@ def test_a_three_wave_plan_runs_in_dependency_order_within_max_agents(repo: Path
             spec = next(t for t in THREE_WAVES if t["id"] == e.data["taskId"])
             for dep in spec.get("dependsOn", []):
                 assert completed_at[dep] < e.id, (e.data["taskId"], dep)
-        # Each branch holds its agent's work, on top of the feature branch.
+        # Each branch holds its agent's work, and the feature branch holds every branch.
+        for tid in ("c1", "c2"):
+            wait_task_status(c, tid, "done")
         feature = git(repo, "rev-parse", "feature/waves").strip()
         for spec in THREE_WAVES:
             tid = spec["id"]
@@ -123,8 +125,12 @@ def test_a_three_wave_plan_runs_in_dependency_order_within_max_agents(repo: Path
             assert task["status"] == "done"
             assert task["branch"] == f"grid/{tid}"
             assert task["changedFiles"] == [f"{tid}.txt"]
-            assert git(repo, "merge-base", feature, f"grid/{tid}").strip() == feature
+            assert (
+                git(repo, "merge-base", feature, f"grid/{tid}").strip()
+                == git(repo, "rev-parse", f"grid/{tid}").strip()
+            )
             assert git(repo, "show", f"grid/{tid}:{tid}.txt") == f"work for {tid}\n"
+            assert git(repo, "show", f"{feature}:{tid}.txt") == f"work for {tid}\n"
 
 
 def test_a_profile_concurrency_limit_holds_even_while_agents_are_starting(repo: Path) -> None:

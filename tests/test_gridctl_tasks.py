@@ -333,7 +333,7 @@ def test_session_runs_tasks_to_review_and_logs_and_watch_follow_them(ws: Path) -
 
     approved = gridctl(ws, "task", "approve", "one")
     assert approved.returncode == 0, approved.stderr
-    assert approved.stdout == "task one approved: now done\n"
+    assert approved.stdout == "task one approved: now merging (queued for the merge)\n"
     stopped = gridctl(ws, "session", "stop")
     assert stopped.returncode == 0, stopped.stderr
     assert stopped.stdout.startswith("session stopped")
@@ -424,10 +424,12 @@ def test_help_of_the_new_commands_describes_their_flags(
                           "--label", "--max-attempts", "--timeout", "--no-start"],
         ("task", "list"): ["--status", "--json"],
         ("task", "show"): ["--json"],
-        ("task", "approve"): ["ID"],
+        ("task", "approve"): ["ID", "--all"],
+        ("task", "reject"): ["ID", "--feedback"],
+        ("task", "diff"): ["ID", "--stat"],
         ("plan", "apply"): ["FILE.yaml"],
         ("plan", "show"): ["FILE"],
-        ("session", "start"): ["--branch", "--max-agents"],
+        ("session", "start"): ["--branch", "--base", "--on-conflict", "--max-agents"],
         ("session", "stop"): ["--force"],
         ("agents",): ["--all", "--json"],
         ("agent", "kill"): ["AGENT_ID"],

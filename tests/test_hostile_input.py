@@ -241,14 +241,13 @@ def test_a_large_plan_does_not_block_health(live: DaemonProc) -> None:
 
     thread = threading.Thread(target=post)
     thread.start()
-    worst = 0.0
-    client = live.client()
+    answered = 0
+    client = live.client(timeout=60)
     while thread.is_alive():
-        started = time.monotonic()
         assert client.get("/health")["status"] == "ok"
-        worst = max(worst, time.monotonic() - started)
-        time.sleep(0.02)
+        answered += thread.is_alive()
     thread.join()
     assert result["status"] == 422, result
-    # parsing 20,000 YAML tasks takes seconds; /health never waits for it
-    assert worst < 1.5, worst
+    # Parsing 20,000 YAML tasks takes seconds. On the loop it would hold every /health
+    # until the plan was answered; off the loop they keep being answered meanwhile.
+    assert answered >= 5, answered

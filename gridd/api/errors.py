@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gridd.api.body import read_document
-from gridd.errors import BadRequest, GriddError, StoreError, ValidationFailed
+from gridd.errors import DISK_CODES, BadRequest, GriddError, StoreError, ValidationFailed
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ async def handle_gridd_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GriddError)
     status = exc.status
     if isinstance(exc, StoreError):
-        status = 507 if exc.code == "disk_full" else 503
+        status = 507 if exc.code in DISK_CODES else 503
         log.error("store error on %s %s: %s", request.method, request.url.path, exc.message)
     response = error_response(status, exc.code, exc.message, exc.details)
     if status == 413:

@@ -12,8 +12,27 @@ from gridd.api.body import read_document
 from gridd.api.errors import query_flag, query_int, read_body, read_json, validate
 from gridd.api.spec import grid_of, table, wire
 from gridd.errors import BadRequest
-from gridd.model import Agent, Question, SessionState, Task, TaskStatus, WireModel
-from gridd.requests import PlanSpec, Respond, SessionStart, TaskPatch, TaskSpec, normalise_plan
+from gridd.git import diff, report
+from gridd.git.diff import TaskDiff
+from gridd.git.report import FeatureReport
+from gridd.model import (
+    Agent,
+    ConflictItem,
+    Question,
+    SessionState,
+    Task,
+    TaskStatus,
+    WireModel,
+)
+from gridd.requests import (
+    PlanSpec,
+    Reject,
+    Respond,
+    SessionStart,
+    TaskPatch,
+    TaskSpec,
+    normalise_plan,
+)
 
 
 class Waves(WireModel):
@@ -130,11 +149,51 @@ async def stop_task(request: Request) -> Response:
 @table.add(
     "POST",
     "/tasks/{task_id}/approve",
-    summary="Approve a task in review: it becomes done",
+    summary="Approve a task in review: it is queued for the merge into the feature branch"
+    " (merging), done once merged; done at once when the session has no feature branch",
     response=Task,
 )
 async def approve_task(request: Request) -> Response:
     return wire(grid_of(request).commands.approve_task(_task_id(request)))
+
+
+@table.add(
+    "POST",
+    "/tasks/{task_id}/reject",
+    summary="Send a task in review back to its agent with feedback (409 unless in review)",
+    body=Reject,
+    response=Task,
+)
+async def reject_task(request: Request) -> Response:
+    req = await read_body(request, Reject)
+    return wire(grid_of(request).commands.reject_task(_task_id(request), req.feedback))
+
+
+@table.add(
+    "GET",
+    "/tasks/{task_id}/diff",
+    summary="The task's change against the commit its branch started from (409 if no branch)",
+    response=TaskDiff,
+)
+async def task_diff(request: Request) -> Response:
+    grid = grid_of(request)
+    task = grid.commands.task(_task_id(request))
+    return wire(await diff.task_diff(grid.workspace.root, task))
+
+
+class Conflicts(WireModel):
+    conflicts: list[ConflictItem]
+
+
+@table.add(
+    "GET",
+    "/conflicts",
+    summary="The conflict radar: live tasks changing the same files (with each other, or with"
+    " what landed on the feature branch since they branched), and predicted conflicts",
+    response=Conflicts,
+)
+async def conflicts(request: Request) -> Response:
+    return wire(Conflicts(conflicts=list(grid_of(request).radar.items.values())))
 
 
 # -- plans ------------------------------------------------------------------------------------------
@@ -177,13 +236,14 @@ async def show_plan(request: Request) -> Response:
 @table.add(
     "POST",
     "/session/start",
-    summary="Start a session: ready tasks get agents",
+    summary="Start a session: the feature branch is created (or continued), then ready"
+    " tasks get agents (409 if it is checked out in a worktree, 422 if not a branch name)",
     body=SessionStart,
     response=SessionState,
 )
 async def start_session(request: Request) -> Response:
     req = await read_body(request, SessionStart)
-    return wire(grid_of(request).commands.start_session(req))
+    return wire(await grid_of(request).commands.begin_session(req))
 
 
 @table.add(
@@ -195,6 +255,20 @@ async def start_session(request: Request) -> Response:
 )
 async def stop_session(request: Request) -> Response:
     return wire(grid_of(request).commands.stop_session(force=query_flag(request, "force")))
+
+
+@table.add(
+    "POST",
+    "/session/finish",
+    summary="Stop the session (gracefully) and report what its feature branch holds against"
+    " its base; nothing is merged into the base or pushed (409 no_feature_branch)",
+    response=FeatureReport,
+)
+async def finish_session(request: Request) -> Response:
+    grid = grid_of(request)
+    grid.commands.stop_session(force=False)
+    tasks = list(grid.state.tasks.values())
+    return wire(await report.feature_report(grid.workspace.root, grid.state.session, tasks))
 
 
 # -- agents -----------------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from gridd.cli.service_cmd import SERVICE
 from gridd.cli.session_cmd import AGENT, AGENTS, SESSION
 from gridd.cli.tasks_cmd import TASK
 from gridd.errors import DaemonUnreachable, GriddError
+from gridd.model import ConflictItem
 
 __all__ = ["COMMANDS", "EXIT_ERROR", "EXIT_OK", "EXIT_UNREACHABLE", "EXIT_USAGE", "main"]
 
@@ -87,6 +88,27 @@ def run_status(ctx: Context) -> int:
     return EXIT_OK
 
 
+# -- conflicts ------------------------------------------------------------------------------
+
+
+def build_conflicts(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print GET /conflicts as JSON")
+
+
+def run_conflicts(ctx: Context) -> int:
+    data = ctx.client().get("/conflicts")
+    if ctx.args.json:
+        print(json.dumps(data, indent=2))
+        return EXIT_OK
+    items = [render.parse_wire(ConflictItem, item) for item in data["conflicts"]]
+    if not items:
+        print("no overlapping work between live tasks")
+    console = Console(highlight=False)
+    for line in render.conflict_lines(items):
+        console.print(line)
+    return EXIT_OK
+
+
 # -- daemon ---------------------------------------------------------------------------------
 
 
@@ -111,7 +133,16 @@ COMMANDS: dict[str, Command] = {
         build=build_status,
         run=run_status,
     ),
+    "conflicts": Command(
+        help="the conflict radar: live tasks changing the same files, predicted conflicts",
+        description="Show which live tasks (working, in review, merging) change the same"
+        " files, with each other or with what landed on the feature branch since they"
+        " branched, and which of those git merge-tree predicts will conflict.",
+        build=build_conflicts,
+        run=run_conflicts,
+    ),
     "task": TASK,
+    "tasks": TASK,  # the same group: 'gridctl tasks diff ID' reads as naturally
     "plan": PLAN,
     "session": SESSION,
     "agents": AGENTS,

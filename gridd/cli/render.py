@@ -22,6 +22,7 @@ from gridd.errors import GriddError
 from gridd.model import (
     Agent,
     AgentStatus,
+    ConflictItem,
     Question,
     QuestionStatus,
     RepoState,
@@ -192,6 +193,26 @@ def _task_notes(state: RepoState, *, now: datetime | None = None) -> Text | None
     return Text("; ".join(notes), style="yellow") if notes else None
 
 
+def conflict_lines(items: list[ConflictItem]) -> list[Text]:
+    """One line per conflict radar finding (``gridctl status`` and ``gridctl conflicts``)."""
+    lines = []
+    for item in items:
+        who = " + ".join(item.tasks)
+        if item.kind == "feature":
+            who += " + the feature branch"
+        files = ", ".join(item.files[:5]) + (" ..." if len(item.files) > 5 else "")
+        if item.predicted_conflict:
+            lines.append(
+                Text.assemble(
+                    ("conflict predicted: ", "bold red"),
+                    f"{who} in {', '.join(item.conflict_files[:5])}",
+                )
+            )
+        else:
+            lines.append(Text.assemble(("overlap: ", "yellow"), f"{who} both change {files}"))
+    return lines
+
+
 def agent_status(agent: Agent, *, now: datetime | None = None) -> Text:
     text = agent.status.value
     if agent.exit_code is not None:
@@ -304,6 +325,7 @@ def status_view(state: RepoState, *, now: datetime | None = None) -> RenderableT
     notes = _task_notes(state, now=now)
     if notes is not None:
         parts.append(notes)
+    parts += conflict_lines(state.conflicts)
     parts += [
         Text(""),
         agents_table(state.agents, now=now),

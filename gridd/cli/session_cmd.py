@@ -26,8 +26,22 @@ def build_session_start(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--branch",
         metavar="NAME",
-        help="the feature branch task branches start from (created from HEAD if missing;"
-        " default: task branches start from HEAD)",
+        help="the feature branch the session's work is merged into; task branches start"
+        " from its tip (created from --base if missing, continued if it exists; refused"
+        " while checked out anywhere). Default: no feature branch, tasks start from HEAD",
+    )
+    parser.add_argument(
+        "--base",
+        metavar="BRANCH",
+        help="where a new feature branch starts (default: the branch checked out in the"
+        " main worktree)",
+    )
+    parser.add_argument(
+        "--on-conflict",
+        choices=["agent", "human", "fail"],
+        help="when a merge conflicts or fails its check: rerun the task's agent on it"
+        " (agent), leave it in review and ask (human), or fail the task (fail);"
+        " default: [merge] on_conflict",
     )
     parser.add_argument(
         "--max-agents",
@@ -69,7 +83,12 @@ def session_body(args: argparse.Namespace) -> dict[str, Any]:
     apply; ``--no-budget`` is an explicit ``null`` budget, which is not the same thing."""
     body: dict[str, Any] = {
         key: value
-        for key, value in (("featureBranch", args.branch), ("maxAgents", args.max_agents))
+        for key, value in (
+            ("featureBranch", args.branch),
+            ("baseBranch", args.base),
+            ("maxAgents", args.max_agents),
+            ("onConflict", args.on_conflict),
+        )
         if value is not None
     }
     if args.no_budget:
@@ -138,6 +157,37 @@ def run_session_stop(ctx: Context) -> int:
     return EXIT_OK
 
 
+def build_session_finish(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the raw report as JSON")
+
+
+def run_session_finish(ctx: Context) -> int:
+    data = ctx.client().post("/session/finish")
+    if ctx.args.json:
+        print(json.dumps(data, indent=2))
+        return EXIT_OK
+    base = data["baseBranch"] or data["base"][:12]
+    print(
+        f"session stopped. {data['featureBranch']} holds {data['commitCount']} commit(s)"
+        f" and {len(data['files'])} changed file(s) against {base}:"
+    )
+    for commit in data["commits"][:30]:
+        print(f"  {commit['sha'][:10]} {commit['subject']}")
+    if data["commitCount"] > 30:
+        print(f"  ... and {data['commitCount'] - 30} more")
+    for f in data["files"]:
+        counts = "binary" if f["additions"] is None else f"+{f['additions']} -{f['deletions']}"
+        print(f"  {f['status']:<10} {counts:>12}  {f['path']}")
+    print(f"merged tasks: {', '.join(data['mergedTasks']) or 'none'}")
+    if data["unmergedTasks"]:
+        rest = ", ".join(f"{t['id']} ({t['status']})" for t in data["unmergedTasks"])
+        print(f"not merged: {rest}")
+    print("gridd does not merge into your base branch or push. From here:")
+    for step in data["nextSteps"]:
+        print(f"  {step}")
+    return EXIT_OK
+
+
 SESSION = group(
     "start or stop the session that hands ready tasks to agents",
     {
@@ -150,6 +200,14 @@ SESSION = group(
             " same branch changes --max-agents and the budget.",
             build=build_session_start,
             run=run_session_start,
+        ),
+        "finish": Command(
+            help="stop the session and report what its feature branch holds",
+            description="Stop the session (gracefully) and report what the feature branch"
+            " holds against its base: commits, changed files, merged and unmerged tasks."
+            " Nothing is merged into the base branch or pushed; the report shows how.",
+            build=build_session_finish,
+            run=run_session_finish,
         ),
         "stop": Command(
             help="stop the session and its agents",

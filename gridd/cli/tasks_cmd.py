@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from rich.console import Console
 
 from gridd.cli import render_tasks
-from gridd.cli.context import EXIT_OK, Command, Context, group, positive_int, segment
+from gridd.cli.context import EXIT_OK, EXIT_USAGE, Command, Context, group, positive_int, segment
 from gridd.cli.render import parse_wire
 from gridd.model import Agent, Task, TaskStatus
 
@@ -194,8 +195,85 @@ def _transition(method: str, suffix: str, *, done: str, help: str, description: 
     return Command(help=help, build=_id_only, run=run, description=description)
 
 
+# -- the review loop ---------------------------------------------------------------------------
+
+
+def build_approve(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("task_id", metavar="ID", nargs="?", help="the task to approve")
+    parser.add_argument(
+        "--all", action="store_true", help="approve every task in review, oldest first"
+    )
+
+
+def run_approve(ctx: Context) -> int:
+    if ctx.args.all == (ctx.args.task_id is not None):
+        print("gridctl task approve: give a task ID or --all (not both)", file=sys.stderr)
+        return EXIT_USAGE
+    client = ctx.client()
+    if ctx.args.task_id is not None:
+        ids = [ctx.args.task_id]
+    else:
+        waiting = [parse_wire(Task, t) for t in client.get("/tasks", params={"status": "review"})]
+        ids = [t.id for t in sorted(waiting, key=lambda t: (t.updated_at, t.id))]
+        if not ids:
+            print("no task is in review")
+    for task_id in ids:
+        task = parse_wire(Task, client.post(f"/tasks/{segment(task_id)}/approve"))
+        after = "queued for the merge" if task.status == TaskStatus.MERGING else "done"
+        print(f"task {task.id} approved: now {task.status.value} ({after})")
+    return EXIT_OK
+
+
+def build_reject(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("task_id", metavar="ID", help="the task to send back")
+    feedback = parser.add_mutually_exclusive_group(required=True)
+    feedback.add_argument("-m", "--feedback", metavar="TEXT", help="what the agent should change")
+    feedback.add_argument(
+        "--feedback-file",
+        metavar="FILE",
+        type=argparse.FileType("r", encoding="utf-8"),
+        help="read the feedback from FILE ('-' for standard input)",
+    )
+
+
+def run_reject(ctx: Context) -> int:
+    text = ctx.args.feedback
+    if ctx.args.feedback_file is not None:
+        with ctx.args.feedback_file as fh:
+            text = fh.read()
+    path = f"/tasks/{segment(ctx.args.task_id)}/reject"
+    task = parse_wire(Task, ctx.client().post(path, {"feedback": text}))
+    print(f"task {task.id} sent back to its agent with your feedback: now {task.status.value}")
+    return EXIT_OK
+
+
+def build_diff(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("task_id", metavar="ID", help="the task whose change to show")
+    parser.add_argument("--stat", action="store_true", help="only the changed files")
+    parser.add_argument("--json", action="store_true", help="print the raw diff as JSON")
+
+
+def run_diff(ctx: Context) -> int:
+    data = ctx.client().get(f"/tasks/{segment(ctx.args.task_id)}/diff")
+    if ctx.args.json:
+        print(json.dumps(data, indent=2))
+        return EXIT_OK
+    print(f"task {data['taskId']}: {data['base'][:12]}..{data['head'][:12]}")
+    for f in data["files"]:
+        counts = "binary" if f["additions"] is None else f"+{f['additions']} -{f['deletions']}"
+        print(f"  {f['status']:<10} {counts:>12}  {f['path']}")
+    if not data["files"]:
+        print("  (no change)")
+    if not ctx.args.stat and data["patch"]:
+        print()
+        print(data["patch"], end="" if data["patch"].endswith("\n") else "\n")
+        if data.get("truncated"):
+            print("(patch truncated; see git diff for the rest)")
+    return EXIT_OK
+
+
 TASK = group(
-    "add, list, show, cancel, start, stop or approve tasks",
+    "add, list, show, cancel, start, stop, approve, reject or diff tasks",
     {
         "add": Command(
             help="create a task",
@@ -240,12 +318,30 @@ TASK = group(
             description="Stop the agent of a working task (its work so far is committed on its branch);"
             " the task returns to ready.",
         ),
-        "approve": _transition(
-            "POST",
-            "/approve",
-            done="approved",
-            help="approve a task in review: it becomes done and its dependants may start",
-            description="Approve a task in review: it becomes done, so tasks depending on it may start.",
+        "approve": Command(
+            help="approve a task in review (or --all): it is merged into the feature branch",
+            description="Approve a task in review, or with --all every task in review (oldest"
+            " first). With a session feature branch the task becomes merging: it is merged"
+            " into the branch one at a time, and done (so its dependants may start) once"
+            " merged. A conflict or a failed [merge] check goes to the session's onConflict"
+            " policy. Without a feature branch it is done at once.",
+            build=build_approve,
+            run=run_approve,
+        ),
+        "reject": Command(
+            help="send a task in review back to its agent with feedback",
+            description="Reject a task in review: its agent runs again in the same worktree"
+            " (and conversation, where the agent supports it) with your feedback in its"
+            " prompt. It comes back to review when it finishes.",
+            build=build_reject,
+            run=run_reject,
+        ),
+        "diff": Command(
+            help="show a task's change against the commit its branch started from",
+            description="Show the files a task changed (status, lines added and removed) and"
+            " the patch, against the commit its branch started from. --stat: files only.",
+            build=build_diff,
+            run=run_diff,
         ),
     },
     description="Work with single tasks. Refusals (unknown dependency, wrong status, ...)"

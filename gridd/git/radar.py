@@ -1,0 +1,265 @@
+"""The conflict radar: which live tasks touch the same files, and which would conflict.
+
+For each live task (working, in review, merging, rate limited: work not yet merged) the
+radar keeps the files it changed against its base: committed (``git diff --name-only
+base HEAD``) and not yet committed (``git status``). It reports overlaps between live
+tasks, and between a live task and what landed on the feature branch since the task
+branched, and predicts real textual conflicts with ``git merge-tree --write-tree`` (no
+worktree touched) from the branches' heads.
+
+Cheap by construction: a worktree is re-read only when its agent showed activity since the
+last look (and ``radar_seconds`` have passed), once more when it goes quiet, when its branch
+moved, or every ``IDLE_FACTOR * radar_seconds`` otherwise; predictions are cached by the pair
+of commits. The decisions (``overlaps``, ``held``) are pure functions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gridd.background import Background
+from gridd.events import EventBus
+from gridd.model import ConflictItem, Task, TaskStatus
+from gridd.state import GridState
+from gridd.worktrees import git
+
+log = logging.getLogger(__name__)
+
+LIVE = frozenset(
+    {TaskStatus.WORKING, TaskStatus.REVIEW, TaskStatus.MERGING, TaskStatus.RATE_LIMITED}
+)
+#: A quiet worktree is still re-read this many radar periods apart (edits made by hand).
+IDLE_FACTOR = 10
+#: Cached diffs and predictions kept before the caches start over.
+CACHE_LIMIT = 4096
+
+
+@dataclass
+class Seen:
+    """What the radar knows of one live task."""
+
+    files: frozenset[str] = frozenset()
+    head: str | None = None  # the branch head (committed work) at the last look
+    activity: object = None  # the agent's activity fingerprint at the last look
+    scanned: float = 0.0  # monotonic
+    quiet_rescanned: bool = True
+
+
+# -- decisions (PURE) -----------------------------------------------------------------------
+
+
+def overlaps(
+    changed: Mapping[str, frozenset[str]], landed: Mapping[str, frozenset[str]]
+) -> list[tuple[str, tuple[str, ...], list[str]]]:
+    """(kind, task ids, files) for every pair of live tasks changing the same files
+    (kind ``tasks``) and every live task changing files that landed on the feature branch
+    since it branched (kind ``feature``)."""
+    found: list[tuple[str, tuple[str, ...], list[str]]] = []
+    ids = sorted(changed)
+    for i, a in enumerate(ids):
+        for b in ids[i + 1 :]:
+            common = changed[a] & changed[b]
+            if common:
+                found.append(("tasks", (a, b), sorted(common)))
+    for task_id in ids:
+        common = changed[task_id] & landed.get(task_id, frozenset())
+        if common:
+            found.append(("feature", (task_id,), sorted(common)))
+    return found
+
+
+def held(tasks: Iterable[Task], changed: Mapping[str, frozenset[str]]) -> frozenset[str]:
+    """Ready tasks whose declared ``files`` overlap what a live task changes or declares."""
+    tasks = list(tasks)
+    busy: set[str] = set()
+    for task in tasks:
+        if task.status in LIVE:
+            busy |= changed.get(task.id, frozenset()) | set(task.files)
+    return frozenset(
+        t.id for t in tasks if t.status == TaskStatus.READY and t.files and busy & set(t.files)
+    )
+
+
+def item_id(kind: str, tasks: tuple[str, ...]) -> str:
+    return f"{kind}:{'+'.join(tasks)}"
+
+
+# -- the loop -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Radar:
+    state: GridState
+    bus: EventBus
+    root: Path
+    background: Background
+    period: float = 3.0
+    seen: dict[str, Seen] = field(default_factory=dict)
+    items: dict[str, ConflictItem] = field(default_factory=dict)
+    _predictions: dict[tuple[str, str], list[str] | None] = field(default_factory=dict)
+    _landed: dict[tuple[str, str], frozenset[str]] = field(default_factory=dict)
+    scans: int = 0
+
+    def start(self) -> None:
+        self.background.spawn("conflict-radar", self.run())
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.sweep()
+            except Exception:  # one bad sweep must not end the radar
+                log.exception("conflict radar sweep failed; next one in %gs", self.period)
+            await asyncio.sleep(self.period)
+
+    def changed(self) -> dict[str, frozenset[str]]:
+        return {task_id: seen.files for task_id, seen in self.seen.items()}
+
+    async def sweep(self) -> None:
+        live = {t.id: t for t in self.state.tasks.values() if t.status in LIVE and t.branch}
+        for gone in set(self.seen) - set(live):
+            del self.seen[gone]
+        now = time.monotonic()
+        for task in live.values():
+            await self._look(task, now)
+        feature = self.state.session.feature_branch
+        tip = await self._tip(feature) if feature else None
+        landed: dict[str, frozenset[str]] = {}
+        if tip is not None:
+            for task in live.values():
+                head = self.seen[task.id].head
+                if head is not None and task.base_commit != tip:
+                    landed[task.id] = await self._landed_files(head, tip)
+        found: dict[str, ConflictItem] = {}
+        for kind, ids, files in overlaps(self.changed(), landed):
+            heads = [self.seen[i].head for i in ids]
+            other = tip if kind == "feature" else heads[1] if len(heads) > 1 else None
+            predicted = None
+            if heads[0] and other:
+                predicted = await self._predict(heads[0], other)
+            item = ConflictItem(
+                id=item_id(kind, ids),
+                kind=kind,
+                tasks=list(ids),
+                files=files,
+                predicted_conflict=bool(predicted),
+                conflict_files=predicted or [],
+                feature_commit=tip if kind == "feature" else None,
+            )
+            found[item.id] = item
+        self._publish(found)
+
+    def _publish(self, found: dict[str, ConflictItem]) -> None:
+        changed = False
+        for key, item in found.items():
+            old = self.items.get(key)
+            if old is None or old.model_dump(exclude={"feature_commit"}) != item.model_dump(
+                exclude={"feature_commit"}
+            ):
+                self.bus.publish("conflict.detected", item.wire())
+                changed = True
+        for key in set(self.items) - set(found):
+            gone = self.items[key]
+            self.bus.publish(
+                "conflict.cleared", {"id": key, "kind": gone.kind, "tasks": gone.tasks}
+            )
+            changed = True
+        self.items = found
+        if changed:
+            self.state.touch()  # the hold policy may release (or hold) a task
+
+    async def _look(self, task: Task, now: float) -> None:
+        seen = self.seen.setdefault(task.id, Seen(quiet_rescanned=False))
+        agent = self.state.agent_for_task(task.id)
+        activity = (agent.id, agent.output_seq, agent.last_heartbeat) if agent else None
+        head = await self._tip(task.branch or "")
+        due = now - seen.scanned >= self.period
+        if seen.scanned == 0.0 or head != seen.head:
+            scan = True
+        elif activity != seen.activity:
+            scan = due
+            seen.quiet_rescanned = False
+        elif not seen.quiet_rescanned:
+            scan = due  # it went quiet: one more look at what it left
+            seen.quiet_rescanned = scan
+        else:
+            scan = now - seen.scanned >= IDLE_FACTOR * self.period
+        if not scan:
+            return
+        seen.activity, seen.head, seen.scanned = activity, head, now
+        self.scans += 1
+        files: set[str] = set()
+        if task.base_commit and head:
+            diff = await git(
+                self.root, "diff", "--name-only", "-z", task.base_commit, head, "--", check=False
+            )
+            files |= {f for f in diff.out.split("\0") if f}
+        path = Path(task.worktree) if task.worktree else None
+        if path is not None and (path / ".git").exists():
+            status = await git(
+                path,
+                "status",
+                "--porcelain",
+                "-z",
+                "--untracked-files=all",
+                "--no-renames",
+                check=False,
+            )
+            files |= {entry[3:] for entry in status.out.split("\0") if len(entry) > 3}
+        seen.files = frozenset(files)
+
+    async def _tip(self, branch: str) -> str | None:
+        res = await git(
+            self.root,
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            f"refs/heads/{branch}^{{commit}}",
+            check=False,
+        )
+        return res.out.strip() if res.code == 0 else None
+
+    async def _landed_files(self, head: str, tip: str) -> frozenset[str]:
+        """Files the feature branch changed since it and the task's branch last met (the
+        task's own merged work is not "landed" against it)."""
+        key = (head, tip)
+        if len(self._landed) > CACHE_LIMIT:
+            self._landed.clear()
+        if key not in self._landed:
+            fork = await git(self.root, "merge-base", head, tip, check=False)
+            base = fork.out.strip()
+            files: frozenset[str] = frozenset()
+            if base and base != tip:
+                diff = await git(
+                    self.root, "diff", "--name-only", "-z", base, tip, "--", check=False
+                )
+                files = frozenset(f for f in diff.out.split("\0") if f)
+            self._landed[key] = files
+        return self._landed[key]
+
+    async def _predict(self, a: str, b: str) -> list[str] | None:
+        """The files ``git merge-tree`` says would conflict (None: it merges cleanly)."""
+        key = (min(a, b), max(a, b))
+        if len(self._predictions) > CACHE_LIMIT:
+            self._predictions.clear()
+        if key not in self._predictions:
+            res = await git(
+                self.root,
+                "merge-tree",
+                "--write-tree",
+                "--name-only",
+                "--no-messages",
+                a,
+                b,
+                check=False,
+            )
+            if res.code == 1:
+                lines = [line for line in res.out.splitlines()[1:] if line]
+                self._predictions[key] = sorted(set(lines)) or ["(unknown)"]
+            else:
+                self._predictions[key] = None
+        return self._predictions[key]

@@ -1,0 +1,183 @@
+"""A full disk under ``.grid/``: requests that must write answer 507 with a clear error,
+the daemon keeps serving, agents are not left stuck, it recovers by itself once space
+returns, and no event id is ever handed out twice.
+
+The workspace's ``.grid`` is a small tmpfs mounted for the test (root only; skipped
+otherwise), filled with a filler file and emptied again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gridd.model import TaskStatus
+from gridd.requests import TaskSpec
+from tests.helpers import (
+    FAST_SCHEDULER,
+    EventFollower,
+    agent_command,
+    inprocess_daemon,
+    make_repo,
+    remove_repo,
+    running_daemon,
+)
+
+
+def _mount_tmpfs(path: Path, size: str) -> bool:
+    if os.geteuid() != 0:
+        return False
+    path.mkdir(mode=0o700, exist_ok=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+        capture_output=True,
+        check=False,
+    )
+    return proc.returncode == 0
+
+
+@pytest.fixture
+def small_disk_repo() -> Iterator[Path]:
+    root = make_repo()
+    grid = root / ".grid"
+    if not _mount_tmpfs(grid, "24m"):
+        remove_repo(root)
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        yield root
+    finally:
+        subprocess.run(["umount", "-l", str(grid)], check=False)
+        remove_repo(root)
+
+
+def fill(path: Path) -> Path:
+    """Fill the file system holding ``path`` until it has no byte left."""
+    filler = path / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        for size in (1 << 20, 1 << 12, 1):
+            try:
+                while True:
+                    f.write(b"\0" * size)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+    return filler
+
+
+def post_task(client: object, title: str) -> tuple[int, dict[str, object]]:
+    http = client._http  # type: ignore[attr-defined]
+    response = http.post("/tasks", json={"title": title, "prompt": "x" * 20_000})
+    return response.status_code, response.json()
+
+
+def test_full_disk_is_507_and_recovers_by_itself_without_reusing_event_ids(
+    small_disk_repo: Path,
+) -> None:
+    root = small_disk_repo
+    with running_daemon(root) as daemon, EventFollower(daemon.sock) as follower:
+        client = daemon.client()
+        status, doc = post_task(client, "before")
+        assert status == 201, doc
+        filler = fill(root / ".grid")
+        answers = [post_task(client, f"during {n}") for n in range(40)]
+        refused = [doc for status, doc in answers if status != 201]
+        assert refused, "the disk never filled up"
+        for status, doc in answers:
+            if status != 201:
+                assert status == 507, doc
+                error = doc["error"]
+                assert isinstance(error, dict)
+                assert error["code"] == "disk_full"
+                assert "full" in str(error["message"])
+        assert client.get("/health")["pid"] == daemon.proc.pid
+        filler.unlink()
+        status, doc = post_task(client, "after")
+        assert status == 201, doc
+        last = client.get("/state")["daemon"]["lastEventId"]
+        follower.wait(lambda evs: evs and evs[-1].id >= last, message="the follower to catch up")
+        live = follower.snapshot()
+    ids = [e.id for e in live]
+    assert ids == sorted(set(ids)), "an event id was handed out twice"
+    logged = {e["id"]: e for e in _log(root)}
+    for event in live:
+        assert event.id in logged, f"event {event.id} ({event.type}) was heard but never stored"
+        assert logged[event.id]["type"] == event.type
+
+
+def _log(root: Path) -> list[dict[str, object]]:
+    import sqlite3
+
+    conn = sqlite3.connect(root / ".grid" / "gridd.db")
+    try:
+        rows = conn.execute("SELECT id, type, data FROM events ORDER BY id").fetchall()
+    finally:
+        conn.close()
+    return [{"id": r[0], "type": r[1], "data": json.loads(r[2])} for r in rows]
+
+
+async def test_agent_watcher_survives_a_state_database_that_cannot_be_written(
+    repo: Path, tmp_path: Path
+) -> None:
+    """While every write to the state database fails as on a full disk (injected at the
+    store, gridd's own seam), the agent's watcher waits instead of dying; once writes work
+    again the agent's task moves on, and its output is still in its run file."""
+    from typing import cast
+
+    from gridd.errors import StoreError
+    from gridd.service import Grid
+    from gridd.store import Store
+
+    control = tmp_path / "control"
+    control.mkdir()
+    config = {
+        "scheduler": {**FAST_SCHEDULER, "default_agent": "ticker"},
+        "agents": {"ticker": {"command": agent_command("ticker.py", str(control), "0.02")}},
+    }
+    async with inprocess_daemon(repo, config) as d:
+        grid = cast(Grid, d.grid)
+        task = grid.commands.create_tasks([TaskSpec(title="talker")])[0]
+        grid.commands.start_task(task.id)
+        await _until(lambda: (control / f"{task.id}.pid").exists(), timeout=30)
+        await _until(lambda: grid.bus.last_id > 0 and _outputs(grid) > 0, timeout=30)
+
+        real_append = Store.append_event
+        full = True
+
+        def append_event(self: Store, *args: object, **kwargs: object) -> object:
+            if full:
+                raise StoreError("the disk holding the state database is full", code="disk_full")
+            return real_append(self, *args, **kwargs)  # type: ignore[arg-type]
+
+        Store.append_event = append_event  # type: ignore[assignment,method-assign]
+        try:
+            (control / f"{task.id}.go").touch()
+            await _until(lambda: (control / f"{task.id}.done").exists(), timeout=30)
+            await asyncio.sleep(1.0)  # the watcher meets the failing store meanwhile
+            full = False
+        finally:
+            Store.append_event = real_append  # type: ignore[method-assign]
+        await _until(
+            lambda: grid.state.tasks[task.id].status not in (TaskStatus.WORKING,), timeout=30
+        )
+        assert grid.state.tasks[task.id].status == TaskStatus.REVIEW
+        run_files = list((repo / ".grid" / "runs").rglob("*"))
+        text = "".join(p.read_text(errors="replace") for p in run_files if p.is_file())
+        assert f"{task.id} last tick" in text
+
+
+def _outputs(grid: object) -> int:
+    return sum(1 for a in grid.state.agents.values() if a.output_seq)  # type: ignore[attr-defined]
+
+
+async def _until(predicate: Callable[[], bool], *, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s"
+        await asyncio.sleep(0.02)

@@ -1,0 +1,165 @@
+"""The session's feature branch on real repositories: created once (even when starts and
+spawns race), refused while checked out anywhere or when not a branch name, continued from
+its tip when it exists; and a daemon killed between a merge and the ref update leaves the
+branch as it was, the queue finishing the merge on restart."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from gridd.errors import Conflict, ValidationFailed
+from gridd.worktrees import Worktrees
+from tests.helpers import (
+    agent_command,
+    core_daemon,
+    event_log,
+    wait_for,
+    wait_task_status,
+    write_core_config,
+)
+
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(root), *args], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def configure(root: Path) -> None:
+    write_core_config(
+        root,
+        agents={"work": {"command": agent_command("trivial.py")}},
+        scheduler={"default_agent": "work", "max_attempts": 1},
+    )
+
+
+@pytest.mark.parametrize("name", ["HEAD", "-x", "a..b", "a\x01b", "bad~name", "x.lock", "a b"])
+def test_an_invalid_feature_branch_is_refused_with_422(repo: Path, name: str) -> None:
+    configure(repo)
+    with core_daemon(repo) as daemon, pytest.raises(ValidationFailed):
+        daemon.client().post("/session/start", {"featureBranch": name})
+
+
+def test_a_checked_out_feature_branch_is_refused_with_409(repo: Path) -> None:
+    configure(repo)
+    other = repo.parent / (repo.name + "-other")
+    git(repo, "worktree", "add", "-q", "-b", "elsewhere", str(other))
+    try:
+        with core_daemon(repo) as daemon:
+            c = daemon.client()
+            for branch in ("main", "elsewhere"):  # the user's own checkout, and another
+                with pytest.raises(Conflict) as info:
+                    c.post("/session/start", {"featureBranch": branch})
+                assert info.value.code == "branch_checked_out"
+            with pytest.raises(ValidationFailed) as bad_base:
+                c.post("/session/start", {"featureBranch": "f", "baseBranch": "nope"})
+            assert bad_base.value.code == "unknown_base_branch"
+            assert not c.get("/state")["session"]["started"]
+            assert (
+                subprocess.run(
+                    ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", "refs/heads/f"],
+                    capture_output=True,
+                ).returncode
+                != 0
+            )
+    finally:
+        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(other)])
+
+
+def test_an_existing_feature_branch_is_continued_from_its_tip(repo: Path) -> None:
+    configure(repo)
+    git(repo, "checkout", "-q", "-b", "feature/old")
+    (repo / "earlier.txt").write_text("earlier work\n")
+    git(repo, "add", "earlier.txt")
+    git(repo, "commit", "-q", "-m", "earlier work")
+    tip = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-q", "main")
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        c.post("/tasks", {"id": "t1", "title": "more"})
+        session = c.post("/session/start", {"featureBranch": "feature/old"})
+        assert session["featureBranch"] == "feature/old"
+        done = wait_task_status(c, "t1", "review")
+        assert done["baseCommit"] == tip
+        assert (Path(str(done["worktree"])) / "earlier.txt").exists()
+        assert not event_log(c, types={"session.branch_created"})
+
+
+def test_concurrent_session_starts_create_the_branch_once_and_every_task_spawns(
+    repo: Path,
+) -> None:
+    configure(repo)
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        c.post("/plans", {"tasks": [{"id": f"t{i}", "title": f"task {i}"} for i in range(4)]})
+        results: list[object] = []
+
+        def start() -> None:
+            with daemon.client() as own:
+                try:
+                    results.append(
+                        own.post(
+                            "/session/start", {"featureBranch": "feature/race", "maxAgents": 4}
+                        )
+                    )
+                except Exception as exc:  # recorded, asserted below
+                    results.append(exc)
+
+        threads = [threading.Thread(target=start) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert all(isinstance(r, dict) for r in results), results
+        for i in range(4):
+            wait_task_status(c, f"t{i}", "review")
+        assert len(event_log(c, types={"session.branch_created"})) == 1
+        assert not event_log(c, types={"task.start_failed"})
+
+
+def test_racing_spawns_creating_one_branch_all_get_it(repo: Path) -> None:
+    worktrees = Worktrees(repo, repo / ".grid" / "worktrees")
+
+    async def race() -> list[str]:
+        return list(await asyncio.gather(*(worktrees.ensure_branch("feature/x") for _ in range(8))))
+
+    commits = asyncio.run(race())
+    assert len(set(commits)) == 1
+    assert commits[0] == git(repo, "rev-parse", "refs/heads/feature/x").strip()
+
+
+def test_daemon_killed_between_merge_and_ref_update_leaves_no_half_state(repo: Path) -> None:
+    configure(repo)
+    pause = repo.parent / (repo.name + ".pause")
+    reached = pause.with_name(pause.name + ".reached")
+    try:
+        with core_daemon(repo, env={"GRIDD_TEST_MERGE_PAUSE": str(pause)}) as daemon:
+            c = daemon.client()
+            c.post("/tasks", {"id": "k", "title": "killed mid-merge"})
+            c.post("/session/start", {"featureBranch": "feature/k9"})
+            wait_task_status(c, "k", "review")
+            before = git(repo, "rev-parse", "feature/k9").strip()
+            pause.touch()
+            c.post("/tasks/k/approve")
+            wait_for(reached.exists, timeout=20, message="the merge to reach the ref update")
+            task = c.get("/tasks/k")
+            assert task["status"] == "merging" and task["mergeCommit"]
+            daemon.kill9()
+        assert git(repo, "rev-parse", "feature/k9").strip() == before  # nothing half-applied
+        with core_daemon(repo) as daemon:
+            c = daemon.client()
+            done = wait_task_status(c, "k", "done", timeout=20)
+            head = git(repo, "rev-parse", "feature/k9").strip()
+            assert done["mergeCommit"] == head
+            assert git(repo, "rev-parse", f"{head}^1").strip() == before  # merged exactly once
+            assert "k.txt" in git(repo, "ls-tree", "--name-only", head)
+            integration = repo / ".grid" / "integration"
+            assert git(integration, "status", "--porcelain").strip() == ""
+    finally:
+        pause.unlink(missing_ok=True)
+        reached.unlink(missing_ok=True)

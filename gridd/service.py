@@ -18,6 +18,7 @@ from pathlib import Path
 from gridd import API_VERSION, HANDOVER_PROTOCOL, __version__
 from gridd.background import Background
 from gridd.commands import Commands
+from gridd.dbguard import Problem
 from gridd.events import EventBus
 from gridd.finish import Finisher
 from gridd.git import radar
@@ -49,6 +50,9 @@ from gridd.workspace import Workspace
 from gridd.worktrees import Worktrees
 
 log = logging.getLogger(__name__)
+
+#: How often the database file is checked for having been unlinked or replaced.
+STORE_WATCH_SECONDS = 1.0
 
 TERMINAL_OK = frozenset({TaskStatus.DONE, TaskStatus.CANCELLED})
 
@@ -166,6 +170,8 @@ class Grid:
                 "daemon.store_quarantined",
                 {"reason": report.reason, "movedTo": [str(p) for p in report.quarantined]},
             )
+        for problem in report.problems:
+            self._store_problem(problem)
         self.bus.publish("daemon.started", {"pid": os.getpid(), "version": __version__})
         await self.worktrees.setup()
         self.workspace.runs_dir.mkdir(mode=0o700, exist_ok=True)
@@ -177,6 +183,7 @@ class Grid:
             self.beads.start()
         self.notifier.start()
         self.background.spawn("event-log-pruner", self._prune_loop())
+        self.background.spawn("store-watch", self._store_watch_loop())
         self.background.spawn("scheduler", self.scheduler.run())
         self.merges.start()
         self.radar.start()
@@ -211,6 +218,20 @@ class Grid:
         self._end_streams()
         if self._shutdown_callback is not None:
             self._shutdown_callback()
+
+    def _store_problem(self, problem: Problem) -> None:
+        """Announce a threat to the state files: log, /health warning, event."""
+        log.error("state database: %s", problem.message)
+        self.warnings.append(problem.message)
+        self.bus.publish("daemon.store_problem", problem.wire())
+
+    async def _store_watch_loop(self) -> None:
+        """The database file unlinked or replaced under a running daemon is written back."""
+        while True:
+            await asyncio.sleep(STORE_WATCH_SECONDS)
+            problem = self.store.check_file()
+            if problem is not None:
+                self._store_problem(problem)
 
     async def _prune_loop(self) -> None:
         while True:

@@ -33,12 +33,21 @@ class GridState:
         self.bus = bus
         self.tasks: dict[str, Task] = {t.id: t for t in store.load_tasks()}
         self.agents: dict[str, Agent] = {a.id: a for a in store.load_agents()}
-        raw = store.get_meta("session")
-        self.session = SessionState.model_validate_json(raw) if raw else SessionState()
+        self.session = self._load_session()
         self.revision = 0
         self._dirty: dict[str, Task] = {}
         self._wakers: list[Callable[[], None]] = []
         self._task_json: dict[str, bytes] = {}
+
+    def _load_session(self) -> SessionState:
+        raw = self.store.get_meta("session")
+        if not raw:
+            return SessionState()
+        try:
+            return SessionState.model_validate_json(raw)
+        except ValueError as exc:  # kept aside and reported; the daemon starts regardless
+            self.store.quarantine_row("meta", "session", raw, str(exc).splitlines()[0:3])
+            return SessionState()
 
     # -- change notification ---------------------------------------------------------------
 

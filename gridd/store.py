@@ -10,18 +10,32 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from pydantic import BaseModel
+
+from gridd.dbguard import (
+    FileWatch,
+    Problem,
+    aside_name,
+    check_before_open,
+    new_identity,
+    read_marker,
+    write_marker,
+)
 from gridd.errors import StoreError
 from gridd.model import Agent, Event, Question, Task, isotime, utcnow
 
 log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
 
 #: Each entry upgrades the schema by one version; never edit a released entry.
 MIGRATIONS: list[str] = [
@@ -72,6 +86,8 @@ class OpenReport:
 
     quarantined: list[Path] = field(default_factory=list)
     reason: str | None = None
+    #: Silent-loss checks (see ``dbguard``) and rows that could not be loaded.
+    problems: list[Problem] = field(default_factory=list)
 
 
 def _quarantine(db_path: Path, reason: str) -> list[Path]:
@@ -104,6 +120,7 @@ class Store:
         self.path = path
         self.report = report
         self._after_commit: list[Callable[[], None]] = []
+        self._watch = FileWatch(path)
         # Ids are handed out from here, never by SQLite alone: a rolled-back insert would
         # otherwise give its id to the next event (and a client may have been told of it).
         self._next_event_id = self._max_event_id() + 1
@@ -113,7 +130,7 @@ class Store:
     @classmethod
     def open(cls, path: Path) -> Store:
         """Open (creating or migrating) the database; quarantine it if it is corrupt."""
-        report = OpenReport()
+        report = OpenReport(problems=check_before_open(path))
         try:
             conn = cls._connect_and_migrate(path)
         except sqlite3.DatabaseError as exc:
@@ -125,7 +142,35 @@ class Store:
                 conn = cls._connect_and_migrate(path)
             except sqlite3.DatabaseError as exc2:
                 raise StoreError(f"cannot create a new database at {path}: {exc2}") from None
-        return cls(conn, path, report)
+        store = cls(conn, path, report)
+        store._check_identity()
+        return store
+
+    def _check_identity(self) -> None:
+        """Give a new database its identity; notice one that is not the one gridd made."""
+        marker = read_marker(self.path)
+        identity = self.get_meta("identity")
+        if identity is None:
+            identity = new_identity()
+            self.set_meta("identity", identity)
+            if marker is not None and not self.report.problems and not self.report.quarantined:
+                self.report.problems.append(
+                    Problem(
+                        "db_replaced",
+                        f"{self.path} holds no gridd state although gridd had a database"
+                        f" there (identity {marker}); the old state is not in it",
+                    )
+                )
+        elif marker is not None and marker != identity:
+            self.report.problems.append(
+                Problem(
+                    "db_replaced",
+                    f"{self.path} is another database (identity {identity}) than the one"
+                    f" gridd last used there ({marker})",
+                )
+            )
+        if marker != identity:
+            write_marker(self.path, identity)
 
     @staticmethod
     def _connect_and_migrate(path: Path) -> sqlite3.Connection:
@@ -277,8 +322,7 @@ class Store:
             raise _store_error(exc) from exc
 
     def load_tasks(self) -> list[Task]:
-        rows = self._exec("SELECT doc FROM tasks").fetchall()
-        return [Task.model_validate_json(r[0]) for r in rows]
+        return self._load("tasks", Task)
 
     def save_agent(self, agent: Agent) -> None:
         self._exec(
@@ -288,8 +332,7 @@ class Store:
         )
 
     def load_agents(self) -> list[Agent]:
-        rows = self._exec("SELECT doc FROM agents").fetchall()
-        return [Agent.model_validate_json(r[0]) for r in rows]
+        return self._load("agents", Agent)
 
     def save_question(self, question: Question) -> None:
         self._exec(
@@ -299,8 +342,82 @@ class Store:
         )
 
     def load_questions(self) -> list[Question]:
-        rows = self._exec("SELECT doc FROM questions ORDER BY rowid").fetchall()
-        return [Question.model_validate_json(r[0]) for r in rows]
+        return self._load("questions", Question)
+
+    def _load(self, table: str, model: type[M]) -> list[M]:
+        """Every row of ``table`` that loads; one that does not is moved aside (into
+        ``meta`` as ``quarantined.<table>.<id>``) and reported, never fatal."""
+        rows = self._exec(f"SELECT id, doc FROM {table} ORDER BY rowid").fetchall()
+        loaded = []
+        for row_id, doc in rows:
+            try:
+                loaded.append(model.model_validate_json(doc))
+            except ValueError as exc:  # pydantic's ValidationError is a ValueError
+                self.quarantine_row(table, str(row_id), str(doc), str(exc).splitlines()[0:3])
+        return loaded
+
+    def quarantine_row(self, table: str, row_id: str, doc: str, reason: list[str]) -> None:
+        key = f"quarantined.{table}.{row_id}.{int(time.time())}"
+        with self.transaction():
+            self.set_meta(key, json.dumps({"doc": doc, "reason": reason}))
+            column = "key" if table == "meta" else "id"
+            self._exec(f"DELETE FROM {table} WHERE {column} = ?", (row_id,))
+        problem = Problem(
+            "row_unreadable",
+            f"{table} row {row_id!r} cannot be loaded ({'; '.join(reason)}); kept aside in"
+            f" the meta table as {key!r}",
+            (key,),
+        )
+        log.error("%s", problem.message)
+        self.report.problems.append(problem)
+
+    # -- the file under us ----------------------------------------------------------------
+
+    def check_file(self) -> Problem | None:
+        """Notice the database unlinked or replaced under us and write the live copy back
+        to its path (whatever was put there is kept aside). None when all is well."""
+        what = self._watch.changed()
+        if what is None or self._conn.in_transaction:
+            return None
+        moved: tuple[str, ...] = ()
+        tmp = self.path.with_name(self.path.name + ".restore")
+        tmp.unlink(missing_ok=True)
+        try:
+            dest = sqlite3.connect(tmp)
+            try:
+                self._conn.backup(dest)
+            finally:
+                dest.close()
+            if what == "replaced":
+                aside = aside_name(self.path)
+                self.path.rename(aside)
+                moved = (str(aside),)
+            old = self._conn
+            try:
+                old.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error:
+                pass
+            old.close()
+            for suffix in ("-wal", "-shm"):
+                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+            os.replace(tmp, self.path)
+            self._conn = self._connect_and_migrate(self.path)
+        except (OSError, sqlite3.Error) as exc:
+            log.error("cannot restore %s: %s", self.path, exc)
+            return Problem(
+                f"db_{what}",
+                f"{self.path} was {what} while gridd ran, and writing it back failed ({exc});"
+                " the daemon still holds the data: do not stop it before fixing the disk",
+            )
+        self._watch.rearm()
+        problem = Problem(
+            f"db_{what}",
+            f"{self.path} was {what} while gridd ran; the live database was written back"
+            + (f" (the file found there is kept as {Path(moved[0]).name})" if moved else ""),
+            moved,
+        )
+        log.error("%s", problem.message)
+        return problem
 
     def next_counter(self, name: str) -> int:
         """A persistent counter (agent numbers never repeat across restarts)."""

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint format bench demo clean
+.PHONY: install test lint format bench demo clean claude-cli
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +14,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP)
+# The pinned Claude Code CLI for the real-CLI tests (npm, under .cache/; skipped when present).
+claude-cli:
+	tests/tools/install-claude.sh
+
+test: $(STAMP) claude-cli
 	sh contrib/vscode/scripts/setup.sh
 	$(BIN)/pytest -n 2 --dist loadgroup -q
 

@@ -389,7 +389,7 @@ class Commands:
         pending = self.questions.pending_for(agent_id)
         if pending:
             return self.answer(pending[0].id, text)
-        self.pool.write_stdin(agent_id, text)
+        self.pool.follow_up(agent_id, text)
         self.state.bus.publish("agent.responded", {"agentId": agent_id, "taskId": agent.task_id})
         return None
 

@@ -42,6 +42,8 @@ from gridd.worktrees import Worktrees
 log = logging.getLogger(__name__)
 
 FAILURE_TAIL_LINES = 200
+#: Resume a rate-limited task this long after the reset the provider named.
+RESET_MARGIN_SECONDS = 1.0
 #: Pauses between tries when finishing a run fails transiently (a git lock, say).
 FINISH_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0)
 
@@ -130,7 +132,11 @@ class Finisher:
         new status: until then the agent is still live on disk, so a daemon killed while its
         work is being committed finishes it again from ``exit.json`` on the next start."""
         profile = self.pool.profiles.get(agent.profile)
-        cost = run.cost if run.cost is not None else (profile.cost_per_session if profile else None)
+        # The run's own report; else what it reported before a daemon restart (persisted on
+        # the agent); else the profile's estimate. Added to the task and session once: here.
+        cost = run.cost if run.cost is not None else agent.cost_usd
+        if cost is None and profile is not None:
+            cost = profile.cost_per_session
         agent = move_agent(
             self.state,
             agent.id,
@@ -182,6 +188,8 @@ class Finisher:
             rate_limited_until=run.rate_limited_until,
             launch_failed=run.launch_failed,
             result_ok=run.result.ok if run.result is not None else None,
+            result_text=run.result.text if run.result is not None else "",
+            session_ended=run.session_ended,
             attempts=task.attempts,
             max_attempts=task.max_attempts,
             sessions=task.sessions,
@@ -265,8 +273,13 @@ class Finisher:
         elif isinstance(outcome, RateLimit):
             await self._commit(agent, f"gridd: {task.id}: work in progress (rate limited)")
             self._settle(agent, *ended)
-            until = outcome.until or utcnow() + timedelta(
-                seconds=self.settings.scheduler.rate_limit_backoff_seconds
+            # The exact reset plus a small margin (the provider's clock and ours differ a
+            # little); without a reset time, the configured backoff.
+            until = (
+                outcome.until + timedelta(seconds=RESET_MARGIN_SECONDS)
+                if outcome.until is not None
+                else utcnow()
+                + timedelta(seconds=self.settings.scheduler.rate_limit_backoff_seconds)
             )
             # Resuming continues this session's work (same worktree, a continuation prompt).
             move_task(
@@ -278,12 +291,15 @@ class Finisher:
                 error="usage limit reached",
                 summary=facts.summary or task.summary or "stopped by the provider's usage limit",
             )
+            limit = ended[1].rate_limit
             self.bus.publish(
                 "task.rate_limited",
                 {
                     **ids,
                     "resumeAt": until.isoformat(),
                     "autoResume": self.settings.scheduler.auto_resume,
+                    "limitType": limit.limit_type if limit else None,
+                    "source": limit.source if limit and outcome.until else "backoff",
                 },
             )
         else:

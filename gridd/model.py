@@ -129,6 +129,10 @@ class Agent(WireModel):
     # What a user (or the daemon) wants done to it: "stop" or "kill". Recorded first and
     # carried out by the reconciler, so a daemon killed in between still does it.
     intent: str | None = None
+    model: str | None = None  # the model the agent runs, as it says (claude's system/init)
+    current_tool: str | None = None  # the tool it uses now ("Bash: npm test")
+    input_tokens: int | None = None  # tokens of this run so far, as the agent reports them
+    output_tokens: int | None = None
 
 
 class QuestionStatus(StrEnum):

@@ -30,6 +30,10 @@ class RunFacts:
     rate_limited: bool = False
     launch_failed: bool = False
     result_ok: bool | None = None  # the agent's own verdict, when its adapter reports one
+    result_text: str = ""  # what that verdict said (an error's context for the retry)
+    #: gridd ended the conversation after the agent's final result (closed its stdin): the
+    #: exit status then says nothing (claude exits 1 after an error turn), the result does.
+    session_ended: bool = False
     attempts: int = 1
     max_attempts: int = 3
     sessions: int = 1
@@ -89,8 +93,13 @@ def describe_exit(facts: RunFacts) -> str:
         return facts.error
     if facts.signal:
         return f"killed by signal {signal.Signals(facts.signal).name}"
-    if facts.result_ok is False and facts.code == 0:
-        return "the agent reported an error result"
+    if facts.result_ok is False and (facts.code == 0 or facts.session_ended):
+        detail = " ".join(facts.result_text.split())[:500]
+        return (
+            f"the agent reported an error: {detail}"
+            if detail
+            else "the agent reported an error result"
+        )
     return f"exited with code {facts.code}"
 
 
@@ -109,6 +118,8 @@ def decide(facts: RunFacts) -> Outcome:
         if facts.sessions < facts.max_sessions:
             return Continue(facts.summary)
         return Block(f"asked to continue after {facts.sessions} session(s), the task's maxSessions")
+    if clean and facts.session_ended and facts.result_ok is True:
+        return Completed()
     if clean and facts.exit_code == 0 and facts.result_ok is not False:
         return Completed()
     error = describe_exit(facts)

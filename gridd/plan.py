@@ -13,6 +13,9 @@ from datetime import datetime
 
 from gridd.model import Task, TaskStatus
 
+#: The reason a rate-limited task is ready again (its next agent is told so).
+RATE_LIMIT_RESET = "rate limit reset"
+
 # -- the graph ----------------------------------------------------------------------------------
 
 
@@ -276,7 +279,7 @@ def plan(obs: Observed) -> list[Action]:
                 and task.resume_at is not None
                 and task.resume_at.timestamp() <= obs.wall_now
             ):
-                changes.append(SetStatus(task.id, TaskStatus.READY, "rate limit reset"))
+                changes.append(SetStatus(task.id, TaskStatus.READY, RATE_LIMIT_RESET))
                 statuses[task.id] = TaskStatus.READY
 
     # 3. starts: working tasks without an agent (explicit starts, crash leftovers) first,

@@ -28,6 +28,7 @@ from gridd.events import EventBus
 from gridd.health import LAUNCH_HINT, Limits, Verdict, assess
 from gridd.lifecycle import move_agent, move_task
 from gridd.model import Agent, AgentStatus, Question, Task, TaskStatus, utcnow
+from gridd.plan import RATE_LIMIT_RESET
 from gridd.questions import QuestionBook
 from gridd.settings import AgentProfile, Settings
 from gridd.state import GridState
@@ -59,9 +60,16 @@ def render_command(command: list[str], values: Mapping[str, str]) -> list[str]:
     return [_PLACEHOLDER.sub(value_of, arg) for arg in command]
 
 
-def continuation_prompt(task: Task, session: int) -> str:
+def continuation_prompt(task: Task, session: int, *, rate_limited: bool = False) -> str:
     base_prompt = task.prompt or task.title
     summary = (task.summary or "").strip() or "(the previous session left no summary)"
+    if rate_limited:
+        return (
+            f"{base_prompt}\n\n---\nThe earlier session on this task was interrupted by a"
+            " rate limit (the provider's usage limit), which has now reset. Continue the task"
+            " from where it stopped; the worktree and branch still hold its work."
+            f" Where it stopped:\n{summary}"
+        )
     return (
         f"{base_prompt}\n\n---\nThis is session {session} of {task.max_sessions} on this task."
         " The previous session ended by asking to continue. Its summary:\n"
@@ -191,7 +199,8 @@ class AgentPool:
         attempt = task.attempts if continuing else task.attempts + 1
         session_number = task.sessions + 1
         if continuing:
-            prompt = continuation_prompt(task, session_number)
+            resumed = task.error == RATE_LIMIT_RESET
+            prompt = continuation_prompt(task, session_number, rate_limited=resumed)
         elif task.feedback:
             prompt = feedback_prompt(task)
         else:
@@ -202,6 +211,7 @@ class AgentPool:
             profile.command,
             {"prompt": prompt, "task_id": task.id, "worktree": str(worktree.path)},
         )
+        argv += adapter.extra_args(argv)
         resumes = continuing or bool(task.feedback)  # the same conversation, sent back
         previous_session = self._previous_session_id(task.id) if resumes else None
         if previous_session and profile.adapter == "claude":
@@ -513,9 +523,11 @@ class AgentPool:
         if changes:
             # Heartbeats, costs and session ids are persisted; output position is derivable.
             persist = bool(polled.beats) or any(
-                k in changes for k in ("cost_usd", "session_id", "result", "stalled")
+                k in changes for k in ("cost_usd", "session_id", "result", "stalled", "model")
             )
             self.state.update_agent(agent_id, persist=persist, **changes)
+        if run.adapter.ends_on_result and not run.session_ended and run.adapter.idle():
+            self._end_conversation(agent_id, run)
 
     def _signal(
         self, agent: Agent, run: RunWatch, sig: base.Signal, changes: dict[str, object]
@@ -551,16 +563,44 @@ class AgentPool:
         elif isinstance(sig, base.SessionId):
             changes["session_id"] = sig.value
         elif isinstance(sig, base.Result):
-            changes["result"] = sig.text[-2000:]
+            changes.update(result=sig.text[-2000:], current_tool=None)
         elif isinstance(sig, base.RateLimited):
+            if not run.rate_limit_published:  # one event per park, however often it is said
+                run.rate_limit_published = True
+                self.bus.publish(
+                    "agent.rate_limited",
+                    {
+                        "agentId": agent.id,
+                        "taskId": agent.task_id,
+                        "message": sig.message,
+                        "resetsAt": sig.resets_at,
+                        "limitType": sig.limit_type,
+                        "source": sig.source,
+                    },
+                )
+        elif isinstance(sig, base.Retrying):
             self.bus.publish(
-                "agent.rate_limited",
+                "agent.retrying",
                 {
                     "agentId": agent.id,
                     "taskId": agent.task_id,
-                    "message": sig.message,
-                    "resetsAt": sig.resets_at,
+                    "attempt": sig.attempt,
+                    "maxRetries": sig.max_retries,
+                    "delaySeconds": sig.delay,
+                    "error": sig.error,
+                    "status": sig.status,
                 },
+            )
+            changes.update(
+                activity="retrying", message=f"{sig.error or 'API error'}, attempt {sig.attempt}"
+            )
+        elif isinstance(sig, base.Usage):
+            changes.update(input_tokens=sig.input_tokens, output_tokens=sig.output_tokens)
+        elif isinstance(sig, base.ModelName):
+            changes["model"] = sig.name
+        elif isinstance(sig, base.ToolUse):
+            changes["current_tool"] = (
+                f"{sig.name}: {sig.summary}" if sig.name and sig.summary else sig.name
             )
         elif isinstance(sig, base.Malformed):
             self.bus.publish("agent.warning", {"agentId": agent.id, "warning": sig.message})
@@ -605,6 +645,53 @@ class AgentPool:
             )
         elif verdict is Verdict.STALL_KILL:
             self.request_stop(agent_id, f"stalled: silent for over {limits.stall_kill:g}s")
+
+    # -- ending a conversation ------------------------------------------------------------------
+
+    def _end_conversation(self, agent_id: str, run: RunWatch) -> None:
+        """The agent's last turn ended and nothing waits (no open question, no message not
+        yet taken up): close its stdin so it exits; TERM, then KILL, if it lingers."""
+        if self.questions.pending_for(agent_id):
+            return
+        handle = self.handles.get(agent_id)
+        if handle is None:
+            return
+        run.session_ended = True
+        handle.close_stdin()
+        self.background.spawn(f"end:{agent_id}", self._await_end(agent_id, handle))
+
+    async def _await_end(self, agent_id: str, handle: AgentProcess) -> None:
+        grace = self.settings.scheduler.stop_grace_seconds
+        for sig in (None, signal.SIGTERM, signal.SIGKILL):
+            if sig is not None:
+                log.warning(
+                    "agent %s did not exit after its result; sending %s", agent_id, sig.name
+                )
+                handle.signal(sig)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline:
+                if handle.exit_status() is not None or not handle.group_alive():
+                    return
+                await asyncio.sleep(0.02)
+
+    def follow_up(self, agent_id: str, text: str) -> None:
+        """Tell a working agent ``text`` unasked (``respond`` with no question pending)."""
+        run = self.runs.get(agent_id)
+        if run is None or agent_id not in self.handles:
+            raise Conflict(f"agent {agent_id!r} is not running", code="agent_not_running")
+        if run.session_ended:
+            raise Conflict(
+                f"agent {agent_id!r} has finished its conversation and is exiting",
+                code="agent_finishing",
+            )
+        line = run.adapter.encode_follow_up(text)
+        if line is None:
+            raise Conflict(
+                f"agent {agent_id!r} has no pending question and takes no other message",
+                code="no_pending_question",
+            )
+        self.write_stdin(agent_id, line)
+        run.last_life = time.monotonic()
 
     # -- stopping --------------------------------------------------------------------------------
 

@@ -23,10 +23,13 @@ from gridd.adapters.base import (
     Continue,
     Cost,
     Malformed,
+    ModelName,
     RateLimited,
     Result,
     SessionId,
     Signal,
+    ToolUse,
+    Usage,
 )
 from gridd.adapters.claude import ClaudeAdapter
 from gridd.adapters.heartbeat import HeartbeatAdapter
@@ -48,11 +51,15 @@ def transcript(name: str) -> str:
     return (TRANSCRIPTS / name).read_text()
 
 
-def feed(adapter: Adapter, chunks: list[str]) -> list[Signal]:
+#: Signals that only describe the run (shown on the agent); most tests leave them out.
+DESCRIPTIVE = (ModelName, ToolUse, Usage)
+
+
+def feed(adapter: Adapter, chunks: list[str], *, every: bool = False) -> list[Signal]:
     signals: list[Signal] = []
     for chunk in chunks:
         signals.extend(adapter.feed_output(chunk))
-    return signals
+    return signals if every else [s for s in signals if not isinstance(s, DESCRIPTIVE)]
 
 
 def every_split(text: str) -> Iterator[list[str]]:
@@ -180,10 +187,13 @@ def test_heartbeat_beats_become_signals() -> None:
     limited = adapter.feed_heartbeat(
         beat({"status": "rate_limited", "message": "quota", "resets_at": "2026-01-01T12:00:00Z"})
     )
-    assert limited == [Activity("rate_limited", "quota"), RateLimited("quota", NOON_UTC)]
+    assert limited == [
+        Activity("rate_limited", "quota"),
+        RateLimited("quota", NOON_UTC, source="heartbeat"),
+    ]
     assert adapter.feed_heartbeat(beat({"status": "rate_limited", "resets_at": 1755615600}))[
         1
-    ] == RateLimited("usage limit reached", 1755615600.0)
+    ] == RateLimited("usage limit reached", 1755615600.0, source="heartbeat")
 
 
 def test_heartbeat_question_becomes_an_ask_once_and_its_answer_one_line() -> None:
@@ -243,6 +253,23 @@ def test_claude_initial_input_is_the_first_stream_json_user_message() -> None:
     assert line == ('{"type":"user","message":{"role":"user","content":"fix \\"it\\"\\nnow"}}\n')
 
 
+ACCEPT_EDITS = "allow, and switch to acceptEdits mode for this session"
+ACCEPT_EDITS_SUGGESTION = {"type": "setMode", "mode": "acceptEdits", "destination": "session"}
+
+
+def test_claude_permission_suggestion_chosen_goes_back_as_updated_permissions() -> None:
+    adapter = ClaudeAdapter()
+    (ask,) = asks(feed(adapter, [transcript("claude-permission.jsonl")]))
+    assert ACCEPT_EDITS in ask.options
+    sent = json.loads(adapter.encode_answer(ask, ACCEPT_EDITS))
+    decision = sent["response"]["response"]
+    assert decision == {
+        "behavior": "allow",
+        "updatedInput": WRITE_INPUT,
+        "updatedPermissions": [ACCEPT_EDITS_SUGGESTION],
+    }
+
+
 def test_claude_permission_transcript_becomes_activity_ask_cost_result() -> None:
     adapter = ClaudeAdapter()
     signals = feed(adapter, [transcript("claude-permission.jsonl")])
@@ -250,13 +277,14 @@ def test_claude_permission_transcript_becomes_activity_ask_cost_result() -> None
         "req_7c2f9a",
         "permission",
         "Allow Write: /work/repo/.grid/worktrees/t-42/CHANGELOG.md?",
-        ["allow", "deny"],
+        ["allow", "deny", ACCEPT_EDITS],
         {
             "route": "control",
             "request_id": "req_7c2f9a",
             "tool_name": "Write",
             "input": WRITE_INPUT,
             "tool_use_id": "toolu_02Wr",
+            "suggestions": {ACCEPT_EDITS: ACCEPT_EDITS_SUGGESTION},
         },
     )
     assert signals == [
@@ -429,8 +457,9 @@ def test_claude_several_questions_take_a_json_object_of_answers() -> None:
 def test_claude_rate_limit_notice_and_error_result() -> None:
     signals = feed(ClaudeAdapter(), [transcript("claude-rate-limit.jsonl")])
     limited = RateLimited("Claude AI usage limit reached|1755615600", 1755615600.0)
+    # Reported once, by the result (the assistant text repeating it is only shown).
     assert signals[2:] == [
-        limited,
+        Activity("text", "Claude AI usage limit reached|1755615600"),
         Cost(0.0),
         limited,
         Result(False, "Claude AI usage limit reached|1755615600", "success", 1),
@@ -663,9 +692,12 @@ def run_fake_claude(
                     assert respond is not None, f"unexpected question {ask}"
                     proc.stdin.write(adapter.encode_answer(ask, respond(ask)).encode())
                     proc.stdin.flush()
+                if adapter.idle() and not proc.stdin.closed:
+                    proc.stdin.close()  # as the pool does: the conversation is over
                 if not data:
                     break
-        proc.stdin.close()
+        if not proc.stdin.closed:
+            proc.stdin.close()
         return signals, proc.wait(timeout=5)
     finally:
         if proc.poll() is None:

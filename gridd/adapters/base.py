@@ -2,7 +2,8 @@
 
 The pool feeds an adapter every output chunk (stdout and stderr, combined, as text) and
 every heartbeat line; the adapter answers with ``Signal``s. When a human answers a
-question, ``encode_answer`` gives the exact text to write to the agent's stdin.
+question, ``encode_answer`` gives the exact text to write to the agent's stdin; a message
+sent unasked goes through ``encode_follow_up``.
 Malformed or truncated input is never fatal: it becomes a ``Malformed`` signal.
 """
 
@@ -67,10 +68,52 @@ class Continue:
 
 @dataclass(frozen=True)
 class RateLimited:
-    """The provider's usage limit is reached; ``resets_at`` is epoch seconds when known."""
+    """The provider's usage limit is reached; ``resets_at`` is epoch seconds when known.
+
+    ``limit_type`` names the limit when the agent says (Claude's ``five_hour``,
+    ``seven_day``, ``seven_day_opus``, ``seven_day_sonnet``; ``api_key`` for an API key's
+    429; ``overloaded`` for a 529); ``source`` says where ``resets_at`` came from
+    (``rate_limit_event``, ``retry-after``, ``message``, ``heartbeat``, or ``none``)."""
 
     message: str
     resets_at: float | None = None
+    limit_type: str | None = None
+    source: str = "message"
+
+
+@dataclass(frozen=True)
+class Retrying:
+    """The agent retries a failed API call itself (Claude's ``system/api_retry``): it is
+    alive, waiting ``delay`` seconds before attempt ``attempt``."""
+
+    attempt: int
+    max_retries: int | None
+    delay: float
+    error: str
+    status: int | None = None
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens used so far in this run (replaces earlier reports)."""
+
+    input_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class ModelName:
+    """The model the agent runs (Claude's ``system/init``)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """The tool the agent is using now (None: none, the tool finished)."""
+
+    name: str | None
+    summary: str | None = None
 
 
 @dataclass(frozen=True)
@@ -80,11 +123,41 @@ class Malformed:
     message: str
 
 
-Signal = Activity | Ask | Cost | SessionId | Result | Continue | RateLimited | Malformed
+Signal = (
+    Activity
+    | Ask
+    | Cost
+    | SessionId
+    | Result
+    | Continue
+    | RateLimited
+    | Retrying
+    | Usage
+    | ModelName
+    | ToolUse
+    | Malformed
+)
 
 
 class Adapter(Protocol):
     name: str
+
+    #: True when the agent waits for more input after its ``Result`` (Claude with
+    #: ``--input-format stream-json``): the pool ends the run once ``idle()`` says so.
+    ends_on_result: bool = False
+
+    def idle(self) -> bool:
+        """The last turn ended (a ``Result``) and every message sent has been taken up."""
+        return False
+
+    def extra_args(self, argv: list[str]) -> list[str]:
+        """Arguments to append to the profile's command (e.g. the permission policy)."""
+        return []
+
+    def encode_follow_up(self, text: str) -> str | None:
+        """What to write to stdin to tell a working agent ``text`` unasked (ends with a
+        newline), or None when this agent cannot take a follow-up."""
+        return text if text.endswith("\n") else text + "\n"
 
     def initial_input(self, prompt: str) -> str | None:
         """Text to write to stdin right after the start (None: nothing)."""

@@ -3,8 +3,11 @@
 
 What each output line becomes:
 
-    system/init              SessionId, Activity("starting", model)
-    assistant                Activity per block: tool name + input summary, text snippet;
+    system/init              SessionId, ModelName, Activity("starting", model)
+    system/api_retry         Retrying (attempt, delay, error): alive, not stalled
+    rate_limit_event         remembered until the turn's result (claude_limits.py)
+    assistant                Usage; ToolUse and Activity per block: tool name + input
+                             summary, text snippet;
                              a tool_use of AskUserQuestion becomes an Ask (key: tool_use id),
                              unless ``permission_prompt_tool="stdio"`` says its can_use_tool
                              request will follow (then that request asks)
@@ -13,10 +16,18 @@ What each output line becomes:
     user tool_result         for an AskUserQuestion Claude already settled (headless Claude
                              dismisses it when nobody can be asked): the Ask's answer will go
                              as a plain user message instead
-    result                   Cost(total_cost_usd, or the older cost_usd), Result
-    a usage-limit notice     RateLimited (exact phrasings only, see ratelimit.py)
+    user (isReplay)          a message gridd sent has been taken up (--replay-user-messages)
+    result                   Cost(total_cost_usd, or the older cost_usd), Usage, at most one
+                             RateLimited (structured signals first, claude_limits.py), Result
+    a usage-limit notice     RateLimited (a non-JSON line; exact phrasings only)
     anything else            ignored if it is a JSON object; Malformed if not (at most one
                              warning per ``MALFORMED_EVERY`` bad lines), never an exception
+
+The CLI waits for the next user message after ``result``: ``ends_on_result`` and ``idle()``
+tell the pool when the conversation is over (the turn ended and every message gridd sent has
+been replayed back, so none is still queued), and it closes stdin. ``extra_args`` adds
+``--replay-user-messages`` and the profile's permission policy (``permission_mode``,
+``allowed_tools``, ``disallowed_tools``).
 
 The answer shapes (``claude_protocol.py`` builds them) follow the Claude Agent SDK: the CLI's
 ``control_request``/``control_response`` exchange as in anthropics/claude-agent-sdk-python
@@ -30,15 +41,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gridd.adapters import claude_limits as limits
 from gridd.adapters import claude_protocol as protocol
 from gridd.adapters.base import (
     Activity,
+    Adapter,
     Ask,
     Cost,
     Malformed,
+    ModelName,
     Result,
     SessionId,
     Signal,
+    ToolUse,
+    Usage,
 )
 from gridd.adapters.lines import LineSplitter, Overlong
 from gridd.adapters.ratelimit import detect_rate_limit
@@ -48,12 +64,33 @@ MALFORMED_EVERY = 100
 MAX_LINE = 16 * 1024 * 1024  # a tool_result line may carry a whole file
 
 
-class ClaudeAdapter:
+PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions")
+
+
+class ClaudeAdapter(Adapter):
     """Parses Claude Code's stream-json output; encodes answers as stream-json input."""
 
     name = "claude"
+    ends_on_result = True
 
-    def __init__(self, *, permission_prompt_tool: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        permission_prompt_tool: str | None = None,
+        permission_mode: str | None = None,
+        allowed_tools: list[str] | None = None,
+        disallowed_tools: list[str] | None = None,
+    ) -> None:
+        self._permission_mode = permission_mode
+        self._allowed = list(allowed_tools or [])
+        self._disallowed = list(disallowed_tools or [])
+        self._sent = 0  # plain user messages written (prompt, follow-ups)
+        self._replayed = 0  # ... and echoed back as taken up
+        self._replays = False  # the CLI replays them (--replay-user-messages) at all
+        self._turn_over = False  # the last line of note was a result
+        self._limit: limits.LimitInfo | None = None  # the turn's rejected rate_limit_event
+        self._retry_delay: float | None = None  # the turn's last 429 retry delay
+        self._tokens = (0, 0)  # input, output tokens of the run's turns
         # With ``--permission-prompt-tool stdio`` every AskUserQuestion also comes as a
         # can_use_tool request: ask then, so an answer never races ahead of it as a
         # tool_result the CLI is not waiting for.
@@ -65,7 +102,30 @@ class ClaudeAdapter:
         self._bad = 0
 
     def initial_input(self, prompt: str) -> str | None:
+        self._sent += 1
         return protocol.user_message(prompt)
+
+    def encode_follow_up(self, text: str) -> str | None:
+        self._sent += 1
+        self._turn_over = False
+        return protocol.user_message(text)
+
+    def idle(self) -> bool:
+        if not self._turn_over or self._routes:
+            return False
+        return not self._replays or self._replayed >= self._sent
+
+    def extra_args(self, argv: list[str]) -> list[str]:
+        extra: list[str] = []
+        if "--replay-user-messages" not in argv:
+            extra.append("--replay-user-messages")
+        if self._permission_mode and "--permission-mode" not in argv:
+            extra += ["--permission-mode", self._permission_mode]
+        if self._allowed:
+            extra += ["--allowedTools", ",".join(self._allowed)]
+        if self._disallowed:
+            extra += ["--disallowedTools", ",".join(self._disallowed)]
+        return extra
 
     def feed_output(self, text: str) -> list[Signal]:
         return [signal for line in self._lines.feed(text) for signal in self._line(line)]
@@ -83,6 +143,9 @@ class ClaudeAdapter:
         meta = self._routes.get(ask.key, ask.meta)
         line = protocol.encode_answer(meta, response)  # may raise ValidationFailed
         self._routes.pop(ask.key, None)
+        if meta.get("route") == "message":
+            self._sent += 1  # a plain user message: it is replayed like a follow-up
+            self._turn_over = False
         return line
 
     def _line(self, line: str | Overlong) -> list[Signal]:
@@ -101,20 +164,68 @@ class ClaudeAdapter:
         if not isinstance(obj, dict):
             return self._malformed(f"not a JSON object: {text[:80]!r}")
         signals = self._session_change(obj)
-        kind = obj.get("type")
-        if kind == "system" and obj.get("subtype") == "init":
-            signals.append(Activity("starting", _str(obj.get("model"))))
+        kind, subtype = obj.get("type"), obj.get("subtype")
+        if kind == "system" and subtype == "init":
+            model = _str(obj.get("model"))
+            signals += [ModelName(model)] if model else []
+            signals.append(Activity("starting", model))
+        elif kind == "system" and subtype == "api_retry":
+            retry = limits.retrying(obj)
+            if retry.status == limits.RATE_LIMITED:
+                self._retry_delay = retry.delay
+            signals.append(retry)
+        elif kind == "rate_limit_event":
+            info = limits.limit_info(obj)
+            if info is not None and info.status == "rejected":
+                self._limit = info
         elif kind == "assistant":
+            self._turn_over = False
             signals.extend(self._assistant(obj.get("message")))
         elif kind == "user":
-            signals.extend(self._user(obj.get("message")))
+            signals.extend(self._user(obj))
         elif kind == "control_request":
             signals.extend(self._control_request(obj))
         elif kind == "control_cancel_request":
             signals.extend(self._control_cancel(obj.get("request_id")))
         elif kind == "result":
-            signals.extend(_result(obj))
+            signals.extend(self._result(obj))
         return signals  # other types (stream_event, control_response, ...) carry nothing
+
+    def _result(self, obj: dict[str, Any]) -> list[Signal]:
+        text = _str(obj.get("result")) or ""
+        errors = obj.get("errors")
+        if not text and isinstance(errors, list):
+            text = "; ".join(str(error) for error in errors)
+        signals = self._accounting(obj)
+        limited = limits.turn_limit(obj, text, event=self._limit, retry_delay=self._retry_delay)
+        self._limit, self._retry_delay = None, None
+        if limited is not None:
+            signals.append(limited)
+        subtype = _str(obj.get("subtype"))
+        turns = obj.get("num_turns")
+        ok = subtype == "success" and obj.get("is_error") is not True and limited is None
+        turns = turns if isinstance(turns, int) and not isinstance(turns, bool) else None
+        signals.append(Result(ok=ok, text=text, subtype=subtype, turns=turns))
+        self._turn_over = True
+        return signals
+
+    def _accounting(self, obj: dict[str, Any]) -> list[Signal]:
+        """A result's cost (``total_cost_usd``, or the older ``cost_usd``: the session's
+        running total) and tokens (the turn's own, added up here)."""
+        signals: list[Signal] = []
+        cost = obj.get("total_cost_usd", obj.get("cost_usd"))
+        if isinstance(cost, int | float) and not isinstance(cost, bool) and cost >= 0:
+            signals.append(Cost(float(cost)))
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            tokens = [usage.get(k) for k in ("input_tokens", "output_tokens")]
+            if all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+                self._tokens = (
+                    self._tokens[0] + int(tokens[0] or 0),
+                    self._tokens[1] + int(tokens[1] or 0),
+                )
+                signals.append(Usage(*self._tokens))
+        return signals
 
     def _malformed(self, message: str) -> list[Signal]:
         self._bad += 1
@@ -140,8 +251,8 @@ class ClaudeAdapter:
             if not isinstance(block, dict):
                 continue
             if block.get("type") == "text" and isinstance(block.get("text"), str):
-                limited = detect_rate_limit(block["text"])
-                signals.append(limited or Activity("text", protocol.snippet(block["text"])))
+                # A limit notice here is repeated by the result, which reports it (once).
+                signals.append(Activity("text", protocol.snippet(block["text"])))
             elif block.get("type") == "thinking":
                 signals.append(Activity("thinking"))
             elif block.get("type") == "tool_use" and isinstance(block.get("name"), str):
@@ -150,6 +261,7 @@ class ClaudeAdapter:
                     signals.extend(self._ask_tool_use(block.get("id"), tool_input))
                 else:
                     summary = protocol.summarize(tool_input)
+                    signals.append(ToolUse(block["name"], summary or None))
                     signals.append(Activity(block["name"], summary or None))
         return signals
 
@@ -173,8 +285,13 @@ class ClaudeAdapter:
         self._routes[key] = dict(ask.meta)
         return [ask]
 
-    def _user(self, message: object) -> list[Signal]:
+    def _user(self, obj: dict[str, Any]) -> list[Signal]:
+        message = obj.get("message")
         content = message.get("content") if isinstance(message, dict) else None
+        if obj.get("isReplay") is True and not isinstance(content, list):
+            self._replays = True
+            self._replayed += 1
+            return []
         signals: list[Signal] = []
         for block in content if isinstance(content, list) else []:
             if not isinstance(block, dict) or block.get("type") != "tool_result":
@@ -209,7 +326,9 @@ class ClaudeAdapter:
         if request_id in self._asked:
             return []
         self._asked.add(request_id)
-        ask = protocol.permission_ask(request_id, tool, tool_input, tool_use_id)
+        ask = protocol.permission_ask(
+            request_id, tool, tool_input, tool_use_id, request.get("permission_suggestions")
+        )
         self._routes[request_id] = dict(ask.meta)
         return [ask]
 
@@ -219,26 +338,6 @@ class ClaudeAdapter:
                 del self._routes[key]
                 return [Activity("question withdrawn by claude", key)]
         return []
-
-
-def _result(obj: dict[str, Any]) -> list[Signal]:
-    signals: list[Signal] = []
-    cost = obj.get("total_cost_usd", obj.get("cost_usd"))
-    if isinstance(cost, int | float) and not isinstance(cost, bool) and cost >= 0:
-        signals.append(Cost(float(cost)))
-    text = _str(obj.get("result")) or ""
-    errors = obj.get("errors")
-    if not text and isinstance(errors, list):
-        text = "; ".join(str(error) for error in errors)
-    limited = detect_rate_limit(text) if text else None
-    if limited is not None:
-        signals.append(limited)
-    subtype = _str(obj.get("subtype"))
-    turns = obj.get("num_turns")
-    ok = subtype == "success" and obj.get("is_error") is not True
-    turns = turns if isinstance(turns, int) and not isinstance(turns, bool) else None
-    signals.append(Result(ok=ok, text=text, subtype=subtype, turns=turns))
-    return signals
 
 
 def _str(value: object) -> str | None:

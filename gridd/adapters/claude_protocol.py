@@ -9,6 +9,8 @@ Lines gridd writes to Claude's stdin (each one JSON object and a newline):
     control answer          {"type":"control_response","response":{"subtype":"success",
                               "request_id":ID,"response":DECISION}}
     DECISION                {"behavior":"allow","updatedInput":<the request's input>}
+                            a suggestion chosen: the same, plus "updatedPermissions":
+                              [<that entry of the request's permission_suggestions>]
                             {"behavior":"deny","message":"denied by user"}
                             AskUserQuestion: {"behavior":"allow","updatedInput":
                               {...input, "answers":{QUESTION: LABEL}}}
@@ -76,7 +78,11 @@ def summarize(tool_input: dict[str, Any], limit: int = 120) -> str:
 
 
 def permission_ask(
-    request_id: str, tool: str, tool_input: dict[str, Any], tool_use_id: object
+    request_id: str,
+    tool: str,
+    tool_input: dict[str, Any],
+    tool_use_id: object,
+    suggestions: object = None,
 ) -> Ask:
     summary = summarize(tool_input)
     meta: dict[str, Any] = {
@@ -87,8 +93,52 @@ def permission_ask(
     }
     if isinstance(tool_use_id, str):
         meta["tool_use_id"] = tool_use_id
+    offered = suggestion_options(suggestions)
+    if offered:
+        meta["suggestions"] = offered
     question = f"Allow {tool}: {summary}?" if summary else f"Allow {tool}?"
-    return Ask(request_id, "permission", question, ["allow", "deny"], meta)
+    return Ask(request_id, "permission", question, ["allow", "deny", *offered], meta)
+
+
+def suggestion_options(suggestions: object) -> dict[str, dict[str, Any]]:
+    """The CLI's ``permission_suggestions`` as answer options: a label per suggestion
+    ("allow, and accept edits for this session") -> the suggestion, to return as-is in
+    ``updatedPermissions`` when chosen."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in suggestions if isinstance(suggestions, list) else []:
+        if not isinstance(item, dict):
+            continue
+        label = "allow, and " + _suggestion_text(item)
+        if label not in out and label not in ("allow", "deny"):
+            out[label] = item
+    return out
+
+
+def _suggestion_text(item: dict[str, Any]) -> str:
+    where = item.get("destination")
+    scope = {
+        "session": "for this session",
+        "localSettings": "in this project's local settings",
+        "projectSettings": "in this project's settings",
+        "userSettings": "in the user's settings",
+    }.get(str(where), f"({where})" if where else "")
+    kind = item.get("type")
+    if kind == "setMode":
+        return f"switch to {item.get('mode')} mode {scope}".strip()
+    if kind in ("addRules", "replaceRules"):
+        rules = item.get("rules")
+        names = []
+        for rule in rules if isinstance(rules, list) else []:
+            if isinstance(rule, dict) and isinstance(rule.get("toolName"), str):
+                content = rule.get("ruleContent")
+                names.append(f"{rule['toolName']}({content})" if content else rule["toolName"])
+        behavior = item.get("behavior", "allow")
+        return f"always {behavior} {', '.join(names) or 'this'} {scope}".strip()
+    if kind == "addDirectories":
+        dirs = item.get("directories")
+        shown = ", ".join(str(d) for d in dirs) if isinstance(dirs, list) else ""
+        return f"allow access to {shown or 'the directory'} {scope}".strip()
+    return f"apply {kind} {scope}".strip()
 
 
 def question_ask(key: str, tool_input: dict[str, Any], route: dict[str, Any]) -> Ask | None:
@@ -122,6 +172,14 @@ def encode_answer(meta: dict[str, Any], response: str) -> str:
             return control_response(
                 meta["request_id"], {"behavior": "allow", "updatedInput": updated}
             )
+        suggested = as_dict(meta.get("suggestions")).get(response)
+        if isinstance(suggested, dict):
+            decision = {
+                "behavior": "allow",
+                "updatedInput": tool_input,
+                "updatedPermissions": [suggested],
+            }
+            return control_response(meta["request_id"], decision)
         return control_response(meta["request_id"], permission_decision(response, tool_input))
     if route == "tool_result" and isinstance(meta.get("tool_use_id"), str):
         chosen = answers(questions, response)

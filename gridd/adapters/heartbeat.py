@@ -24,6 +24,7 @@ from typing import Any
 
 from gridd.adapters.base import (
     Activity,
+    Adapter,
     Ask,
     Continue,
     Cost,
@@ -42,7 +43,7 @@ MAX_OPTIONS = 32
 MAX_TEXT = 4000
 
 
-class HeartbeatAdapter:
+class HeartbeatAdapter(Adapter):
     """Signals from heartbeat beats; plain output is only a sign of life."""
 
     name = "heartbeat"
@@ -83,7 +84,9 @@ class HeartbeatAdapter:
             signals.append(Continue(summary=beat.message or ""))
         elif beat.status == "rate_limited":
             message = beat.message or "usage limit reached"
-            signals.append(RateLimited(message, parse_timestamp(beat.raw.get("resets_at"))))
+            signals.append(
+                RateLimited(message, parse_timestamp(beat.raw.get("resets_at")), source="heartbeat")
+            )
         return signals
 
     def encode_answer(self, ask: Ask, response: str) -> str:

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gridd.adapters.base import Ask, Signal
+from gridd.adapters.base import Adapter, Ask, Signal
 from gridd.adapters.heartbeat import QUESTION_TYPES, HeartbeatAdapter, one_line
 from gridd.adapters.lines import LineSplitter
 from gridd.adapters.packs import PACKS
@@ -83,7 +83,7 @@ def _compile(item: dict[str, Any]) -> PromptPattern:
     return PromptPattern(str(item["id"]), regex, item["type"], bool(item["subject"]), choices)
 
 
-class PatternsAdapter:
+class PatternsAdapter(Adapter):
     """Questions from a CLI's waiting prompt line, matched against one pattern pack."""
 
     name = "patterns"

@@ -2,7 +2,10 @@
 
     heartbeat, plain   HeartbeatAdapter (no options): the default for any command
     claude             ClaudeAdapter: {"permission_prompt_tool"?: "stdio"}, set when the
-                       command passes ``--permission-prompt-tool stdio``
+                       command passes ``--permission-prompt-tool stdio``;
+                       {"permission_mode"?: default|acceptEdits|plan|bypassPermissions,
+                       "allowed_tools"?: [rule], "disallowed_tools"?: [rule]}, passed to
+                       the CLI
     patterns           PatternsAdapter: {"pack": str, "auto_answer"?: {pattern id: response},
                        "send_prompt"?: bool}
 
@@ -15,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gridd.adapters.base import Adapter
-from gridd.adapters.claude import ClaudeAdapter
+from gridd.adapters.claude import PERMISSION_MODES, ClaudeAdapter
 from gridd.adapters.heartbeat import HeartbeatAdapter
 from gridd.adapters.patterns import PatternsAdapter
 from gridd.errors import ConfigError
@@ -32,14 +35,39 @@ def _plain(options: dict[str, Any]) -> Adapter:
 
 
 def _claude(options: dict[str, Any]) -> Adapter:
-    _only(options, {"permission_prompt_tool"}, "claude")
+    _only(
+        options,
+        {"permission_prompt_tool", "permission_mode", "allowed_tools", "disallowed_tools"},
+        "claude",
+    )
     tool = options.get("permission_prompt_tool")
     if tool not in (None, "stdio"):
         raise ConfigError(
             "permission_prompt_tool is 'stdio' (as passed to claude) or absent",
             details={"key": "permission_prompt_tool"},
         )
-    return ClaudeAdapter(permission_prompt_tool=tool)
+    mode = options.get("permission_mode")
+    if mode is not None and mode not in PERMISSION_MODES:
+        raise ConfigError(
+            f"permission_mode is one of {', '.join(PERMISSION_MODES)}",
+            details={"key": "permission_mode", "allowed": list(PERMISSION_MODES)},
+        )
+    return ClaudeAdapter(
+        permission_prompt_tool=tool,
+        permission_mode=mode,
+        allowed_tools=_tool_list(options, "allowed_tools"),
+        disallowed_tools=_tool_list(options, "disallowed_tools"),
+    )
+
+
+def _tool_list(options: dict[str, Any], key: str) -> list[str]:
+    value = options.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise ConfigError(
+            f'{key} is a list of Claude tool rules, e.g. ["Bash(git diff:*)", "Edit"]',
+            details={"key": key},
+        )
+    return list(value)
 
 
 def _patterns(options: dict[str, Any]) -> Adapter:

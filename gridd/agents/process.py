@@ -460,6 +460,18 @@ class AgentProcess:
             return False
         return True
 
+    def close_stdin(self) -> bool:
+        """Close the agent's stdin (the shim lets go of its writer: SIGUSR1), so it reads EOF
+        once what was written is read. False when the shim is gone (nothing to close)."""
+        if not self.shim_alive():
+            return False
+        assert self.shim_pid is not None
+        try:
+            os.kill(self.shim_pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return False
+        return True
+
     def write_stdin(self, text: str) -> None:
         fifo = self.run_dir / "stdin"
         try:

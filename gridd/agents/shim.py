@@ -7,7 +7,7 @@ session with stdout and stderr appended to ``RUN_DIR/output.log`` (a file: the a
 never block on a full pipe, and nothing is lost while the daemon is away), stdin from the
 FIFO ``RUN_DIR/stdin`` (held open read-write here, so the agent never sees a spurious EOF),
 writes ``agent.json`` with the agent's pid once it runs, and ``exit.json`` with its real exit
-status when it ends.
+status when it ends. SIGUSR1 closes the agent's stdin: the shim lets go of its writer.
 
 The daemon signals the agent's process group directly; the shim only forwards the signals
 it receives itself. It starts on every spawn, so it imports only modules built into the
@@ -122,6 +122,17 @@ def _spawn(spec: dict[str, object], stdin: int, out: int) -> int:
 
 
 _ready: list[int] = []  # our end of the daemon's "it is running" pipe, until released
+_holder: list[int] = []  # our writer on the agent's stdin FIFO, until the daemon closes it
+
+
+def _close_stdin(_signum: int, _frame: object) -> None:
+    """SIGUSR1: let go of our writer on the agent's stdin, so the agent reads EOF once the
+    daemon's pending writes are read (the end of a stream-json conversation)."""
+    while _holder:
+        try:
+            os.close(_holder.pop())
+        except OSError:
+            pass
 
 
 def main(run_dir: str, ready_fd: int | None = None) -> int:
@@ -153,8 +164,14 @@ def _run(run_dir: str) -> int:
         fifo = os.path.join(run_dir, "stdin")
         if not os.path.exists(fifo):
             os.mkfifo(fifo, 0o600)
-        stdin = os.open(fifo, os.O_RDWR)
-        _grow_pipe(stdin)
+        # We hold a writer (so the agent never sees EOF while the daemon is away) and give
+        # the agent a read-only end: once we let go of ours (SIGUSR1: the daemon closes the
+        # agent's stdin), the agent reads EOF.
+        _holder.append(os.open(fifo, os.O_RDWR))
+        _grow_pipe(_holder[0])
+        stdin = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        os.set_blocking(stdin, True)
+        _signal.signal(_signal.SIGUSR1, _close_stdin)
     else:
         stdin = os.open(os.devnull, os.O_RDONLY)
     try:

@@ -45,8 +45,13 @@ class RunWatch:
         self.result: base.Result | None = None
         self.cost: float | None = None
         self.session_id: str | None = None
+        self.rate_limit: base.RateLimited | None = None
         self.launch_failed = False
         self.orphaned = False  # its shim died while the agent ran on
+        #: gridd ended the conversation after a final result (closed its stdin): how the
+        #: process then exits says nothing, the result does.
+        self.session_ended = False
+        self.rate_limit_published = False
         #: Chunks indexed before a restart but never published: the next poll returns them.
         self.pending: list[Chunk] = []
 
@@ -78,8 +83,12 @@ class RunWatch:
                 self.summary = signal.summary[-MAX_SUMMARY:]
         elif isinstance(signal, base.RateLimited):
             self.rate_limited = True
+            self.rate_limit = signal
             if signal.resets_at is not None:
                 self.rate_limited_until = datetime.fromtimestamp(signal.resets_at, UTC)
+        elif isinstance(signal, base.Retrying):
+            # Waiting out the API's retry delay is life, not silence.
+            self.last_life = time.monotonic() + signal.delay
         elif isinstance(signal, base.Result):
             self.result = signal
             if signal.text:

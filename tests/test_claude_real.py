@@ -1,0 +1,331 @@
+"""The real Claude Code CLI (pinned, installed by tests/tools/install-claude.sh) run by the
+real daemon against a loopback stand-in of the Messages API (tests/anthropic_standin.py):
+the task finishes and reaches review, questions reach a human and their answers reach the
+model, follow-ups start turns, and rate limits park and resume the task at the right second.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gridd.client import GridClient
+from tests.anthropic_standin import StandIn, Turn, error, limit, standin, tool
+from tests.helpers import (
+    core_daemon,
+    event_log,
+    git_show,
+    wait_for_events,
+    wait_pending_question,
+    wait_task_status,
+    write_core_config,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+CLAUDE = ROOT / ".cache/claude-code/node_modules/@anthropic-ai/claude-code-linux-x64/claude"
+
+pytestmark = [
+    pytest.mark.skipif(
+        not CLAUDE.exists(), reason="run tests/tools/install-claude.sh (make test does)"
+    ),
+    pytest.mark.timeout(180),
+]
+
+
+@pytest.fixture
+def api() -> Iterator[StandIn]:
+    with standin() as server:
+        yield server
+
+
+def claude_profile(
+    api: StandIn, home: Path, *, oauth: bool = False, retries: int = 0, **options: Any
+) -> dict[str, object]:
+    env = {
+        "HOME": str(home),
+        "ANTHROPIC_BASE_URL": api.url,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "CLAUDE_CODE_MAX_RETRIES": str(retries),
+    }
+    # A subscriber's token makes the CLI report its usage limits (rate_limit_event).
+    env["CLAUDE_CODE_OAUTH_TOKEN" if oauth else "ANTHROPIC_API_KEY"] = "sk-ant-standin-dummy"
+    return {
+        "adapter": "claude",
+        "stdin": "pipe",
+        "command": [
+            str(CLAUDE),
+            "-p",
+            "--output-format",
+            "stream-json",
+            "--input-format",
+            "stream-json",
+            "--verbose",
+            "--permission-prompt-tool",
+            "stdio",
+        ],
+        "adapter_options": {"permission_prompt_tool": "stdio", **options},
+        "env": env,
+        "launch_grace_seconds": 60,
+    }
+
+
+def setup(
+    repo: Path,
+    tmp_path: Path,
+    api: StandIn,
+    *,
+    scheduler: dict[str, object] | None = None,
+    **kw: Any,
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    write_core_config(
+        repo,
+        agents={"claude": claude_profile(api, home, **kw)},
+        scheduler={"default_agent": "claude", **(scheduler or {})},
+    )
+
+
+def start(c: GridClient, task_id: str, prompt: str = "do the task") -> None:
+    c.post("/tasks", {"id": task_id, "title": task_id, "prompt": prompt})
+    c.post("/session/start", {"featureBranch": "feature/claude"})
+
+
+def agent_of(c: GridClient, task_id: str) -> dict[str, Any]:
+    agents = [a for a in c.get("/agents", params={"all": "1"}) if a["taskId"] == task_id]
+    return agents[-1]  # type: ignore[no-any-return]
+
+
+def test_a_write_approved_by_a_question_ends_in_review_with_the_file_committed(
+    repo: Path, tmp_path: Path, api: StandIn
+) -> None:
+    setup(repo, tmp_path, api)
+    worktree = repo / ".grid" / "worktrees" / "write"
+    api.push(tool("Write", {"file_path": str(worktree / "hello.txt"), "content": "hello\n"}))
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        start(c, "write")
+        question = wait_pending_question(c, "write", timeout=60)
+        assert question["type"] == "permission"
+        assert str(question["question"]).startswith("Allow Write: ")
+        c.post(f"/questions/{question['id']}/answer", {"response": "allow"})
+        task = wait_task_status(c, "write", "review", timeout=60)
+        assert task["changedFiles"] == ["hello.txt"]
+        assert git_show(repo, "grid/write:hello.txt") == "hello\n"
+        agent = agent_of(c, "write")
+        assert agent["status"] == "exited" and agent["exitCode"] == 0
+        assert agent["model"]
+        assert agent["sessionId"]
+        assert agent["inputTokens"] and agent["outputTokens"]
+        # Cost counted once: the agent's, the task's and the session's are the same.
+        assert agent["costUsd"] > 0
+        assert c.get("/tasks/write")["costUsd"] == pytest.approx(agent["costUsd"])
+        [completed] = event_log(c, types={"agent.completed"})
+        assert completed.data["costUsd"] == pytest.approx(agent["costUsd"])
+        # The model saw the write succeed.
+        [result] = api.tool_results()
+        assert "created successfully" in str(result["content"])
+
+
+def test_an_ask_user_question_answer_reaches_the_model_as_its_tool_result(
+    repo: Path, tmp_path: Path, api: StandIn
+) -> None:
+    setup(repo, tmp_path, api)
+    questions = [
+        {
+            "question": "Which color?",
+            "header": "Color",
+            "multiSelect": False,
+            "options": [
+                {"label": "red", "description": "warm"},
+                {"label": "blue", "description": "cool"},
+            ],
+        }
+    ]
+    api.push(tool("AskUserQuestion", {"questions": questions}))
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        start(c, "ask")
+        question = wait_pending_question(c, "ask", timeout=60)
+        assert question["question"] == "Which color?"
+        assert question["options"] == ["red", "blue"]
+        c.post(f"/agents/{question['agentId']}/respond", {"response": "blue"})
+        wait_task_status(c, "ask", "review", timeout=60)
+        [result] = api.tool_results()
+        assert "blue" in str(result["content"]) and "Which color?" in str(result["content"])
+
+
+@pytest.mark.parametrize("how", ["allowed-by-policy", "denied-by-human"])
+def test_bash_allowed_by_the_profile_runs_and_bash_denied_by_a_human_does_not(
+    repo: Path, tmp_path: Path, api: StandIn, how: str
+) -> None:
+    allowed = how == "allowed-by-policy"
+    setup(repo, tmp_path, api, **({"allowed_tools": ["Bash"]} if allowed else {}))
+    api.push(tool("Bash", {"command": "echo ran > bash.txt", "description": "write bash.txt"}))
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        start(c, "bash")
+        if not allowed:
+            question = wait_pending_question(c, "bash", timeout=60)
+            assert str(question["question"]).startswith("Allow Bash: echo ran > bash.txt")
+            c.post(f"/questions/{question['id']}/answer", {"response": "deny"})
+        task = wait_task_status(c, "bash", "review", timeout=60)
+        [result] = api.tool_results()
+        if allowed:
+            assert not c.get("/questions", params={"all": "1"})
+            assert task["changedFiles"] == ["bash.txt"]
+            assert git_show(repo, "grid/bash:bash.txt") == "ran\n"
+        else:
+            assert result.get("is_error") is True
+            assert task["changedFiles"] == []
+
+
+def test_a_follow_up_sent_while_claude_works_becomes_part_of_the_conversation(
+    repo: Path, tmp_path: Path, api: StandIn
+) -> None:
+    setup(repo, tmp_path, api)
+    gate = threading.Event()
+    api.push(Turn(text="working on it", gate=gate))
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        start(c, "follow")
+        api.wait_turns(1, timeout=60)  # claude is waiting for the model's answer
+        agent_id = agent_of(c, "follow")["id"]
+        reply = c.post(f"/agents/{agent_id}/respond", {"response": "also mention the tests"})
+        assert reply == {"status": "delivered"}  # a follow-up, not an answer
+        gate.set()
+        wait_task_status(c, "follow", "review", timeout=60)
+        texts = [t for r in api.turns() for t in user_texts_of(r)]
+        assert any("also mention the tests" in t for t in texts)
+        assert len(event_log(c, types={"agent.responded"})) == 1
+        # Every byte gridd wrote to claude's stdin was stream-json it accepted.
+        assert agent_of(c, "follow")["exitCode"] == 0
+
+
+def user_texts_of(request: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    for message in request.get("messages", []):
+        content = message.get("content")
+        if message.get("role") != "user":
+            continue
+        if isinstance(content, str):
+            out.append(content)
+        for block in content if isinstance(content, list) else []:
+            if isinstance(block, dict) and block.get("type") == "text":
+                out.append(str(block.get("text")))
+    return out
+
+
+def test_an_error_result_fails_the_task_with_the_result_as_context(
+    repo: Path, tmp_path: Path, api: StandIn
+) -> None:
+    setup(repo, tmp_path, api)
+    api.push(error(400, kind="invalid_request_error", message="the stand-in refuses this request"))
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        c.post("/tasks", {"id": "bad", "title": "bad", "prompt": "go", "maxAttempts": 1})
+        c.post("/session/start", {"featureBranch": "feature/claude"})
+        task = wait_task_status(c, "bad", "failed", timeout=60)
+        assert "the stand-in refuses this request" in str(task["error"])
+        [failed] = event_log(c, types={"agent.failed"})
+        failure = Path(str(failed.data["failureFile"])).read_text()
+        assert "the stand-in refuses this request" in failure
+
+
+def test_an_api_retry_is_shown_and_is_not_a_stall(repo: Path, tmp_path: Path, api: StandIn) -> None:
+    setup(repo, tmp_path, api, retries=2)
+    config = (repo / ".grid" / "config.toml").read_text()
+    (repo / ".grid" / "config.toml").write_text(config + "stall_seconds = 1.5\n")
+    api.push(error(529, headers={"retry-after": "3"}))
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        start(c, "retry")
+        [retrying] = wait_for_events(c, {"agent.retrying"}, 1, timeout=60)
+        assert retrying.data["attempt"] == 1
+        assert retrying.data["status"] == 529
+        assert retrying.data["delaySeconds"] > 0
+        wait_task_status(c, "retry", "review", timeout=60)
+        assert not event_log(c, types={"agent.stalled"})
+
+
+def spec_argv(agent: dict[str, Any]) -> list[str]:
+    spec = json.loads((Path(agent["runDir"]) / "spec.json").read_text())
+    return [str(a) for a in spec["argv"]]
+
+
+@pytest.mark.parametrize(
+    "kind", ["five_hour", "seven_day", "seven_day_opus", "seven_day_sonnet", "api_key"]
+)
+def test_a_rate_limit_parks_the_task_until_its_reset_and_resumes_the_session(
+    repo: Path, tmp_path: Path, api: StandIn, kind: str
+) -> None:
+    api_key = kind == "api_key"
+    setup(repo, tmp_path, api, oauth=not api_key, retries=1 if api_key else 0)
+    if api_key:  # the CLI retries once after retry-after, then gives up
+        api.push(*[error(429, headers={"retry-after": "3"})] * 2)
+    else:
+        api.push(limit(kind, reset_in=4))
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        start(c, "limited")
+        parked = wait_task_status(c, "limited", "rate_limited", timeout=60)
+        [event] = wait_for_events(c, {"agent.rate_limited"}, 1, timeout=10)
+        first = agent_of(c, "limited")
+        reset = float(event.data["resetsAt"])
+        if api_key:
+            assert event.data["limitType"] == "api_key"
+            assert event.data["source"] == "retry-after"
+        else:
+            assert event.data["limitType"] == kind
+            assert event.data["source"] == "rate_limit_event"
+            assert [reset] == api.resets  # the exact second the API named
+        # Parked until exactly the reset plus the one-second margin.
+        assert _epoch(str(parked["resumeAt"])) == pytest.approx(reset + 1, abs=0.01)
+        task = wait_task_status(c, "limited", "review", timeout=60)
+        second = agent_of(c, "limited")
+        assert second["id"] != first["id"]
+        started = _epoch(second["startedAt"])
+        # Resumed after that, never early (the scheduler wakes for it; the bound above is
+        # loose only for a loaded machine).
+        assert reset + 1 <= started < reset + 1 + 15
+        argv = spec_argv(second)
+        assert argv[argv.index("--resume") + 1] == first["sessionId"]
+        prompt = " ".join(user_texts_of(api.turns()[-1]))
+        assert "interrupted by a rate limit" in prompt
+        # One event per park, and the task finished.
+        assert len(event_log(c, types={"agent.rate_limited"})) == 1
+        assert task["status"] == "review"
+
+
+def _epoch(value: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def test_a_question_pending_across_a_daemon_kill_is_answered_after_the_restart(
+    repo: Path, tmp_path: Path, api: StandIn
+) -> None:
+    setup(repo, tmp_path, api)
+    worktree = repo / ".grid" / "worktrees" / "crash"
+    api.push(tool("Write", {"file_path": str(worktree / "kept.txt"), "content": "kept\n"}))
+    with core_daemon(repo) as first:
+        c = first.client()
+        start(c, "crash")
+        question = wait_pending_question(c, "crash", timeout=60)
+        first.kill9()
+        with core_daemon(repo) as second:
+            c2 = second.client()
+            assert [q["id"] for q in c2.get("/questions")] == [question["id"]]
+            c2.post(f"/questions/{question['id']}/answer", {"response": "allow"})
+            wait_task_status(c2, "crash", "review", timeout=60)
+            assert git_show(repo, "grid/crash:kept.txt") == "kept\n"
+            agent = agent_of(c2, "crash")
+            assert agent["costUsd"] > 0
+            assert c2.get("/tasks/crash")["costUsd"] == pytest.approx(agent["costUsd"])

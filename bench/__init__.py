@@ -31,11 +31,13 @@ BENCHMARKS: list[str] = [
     "spawn",
     "beads",
     "throughput",
+    "waves",
     "scale",
     "output",
     "durability",
     "questions",
     "metrics",
+    "claude_finish",
 ]
 
 __all__ = ["BENCHMARKS"]

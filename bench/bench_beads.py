@@ -71,9 +71,13 @@ def bead(bead_id: str) -> dict[str, Any]:
 
 def add_bead(root: Path, bead_id: str) -> None:
     """Land a new ready bead in bd's data the way a commit does: one atomic rename."""
+    add_beads(root, [bead_id])
+
+
+def add_beads(root: Path, bead_ids: list[str]) -> None:
     db_path = root / ".beads" / "fake-bd.json"
     db = json.loads(db_path.read_text())
-    db["issues"].append(bead(bead_id))
+    db["issues"].extend(bead(b) for b in bead_ids)
     tmp = db_path.with_name("incoming.tmp")
     tmp.write_text(json.dumps(db))
     os.replace(tmp, db_path)

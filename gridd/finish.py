@@ -70,6 +70,7 @@ class Finisher:
     async def finish(self, agent_id: str, status: ExitStatus, run: RunWatch) -> None:
         agent = self.state.agents[agent_id]
         self.pool.finishing.add(agent.task_id)
+        self.state.touch()  # the agent has exited: its slot is free while its work is committed
         try:
             await self._finish(agent, status, run)
         finally:
@@ -227,9 +228,10 @@ class Finisher:
                 },
             )
         elif isinstance(outcome, Completed):
-            await self._commit(agent, f"gridd: {task.id}: {task.title}")
             base = task.base_commit or await self.worktrees.base_of(task.branch or "")
-            changed = await self.worktrees.changed_files(Path(agent.worktree_path), base)
+            _, changed = await self.worktrees.record(
+                Path(agent.worktree_path), f"gridd: {task.id}: {task.title}", base=base
+            )
             agent = self._settle(agent, *ended)
             move_task(
                 self.state,

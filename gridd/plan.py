@@ -194,6 +194,9 @@ class Observed:
     budget_left: float | None = None  # USD the session may still spend; None: no cap
     estimates: Mapping[str, float] = field(default_factory=dict)  # USD per session, by profile
     stop_when_idle: bool = False  # stop the session (no_work) once every task has settled
+    #: Task ids whose agent has exited and whose work is being committed: no new agent for
+    #: them yet, but their slot is free (the commit is git's work, not an agent's).
+    finishing: frozenset[str] = frozenset()
     held: frozenset[str] = frozenset()  # ready tasks the conflict radar holds back
 
 
@@ -291,11 +294,12 @@ def plan(obs: Observed) -> list[Action]:
 
     per_profile: dict[str, int] = {}
     for agent in obs.agents:
-        per_profile[agent.profile] = per_profile.get(agent.profile, 0) + 1
+        if agent.task_id not in obs.finishing:
+            per_profile[agent.profile] = per_profile.get(agent.profile, 0) + 1
     # A spawn in flight already holds its profile's slot (its agent does not exist yet).
     with_agent = {a.task_id for a in obs.agents}
     for task_id in obs.starting:
-        if task_id not in with_agent and task_id in by_id:
+        if task_id not in with_agent and task_id not in obs.finishing and task_id in by_id:
             profile = profile_of(by_id[task_id])
             per_profile[profile] = per_profile.get(profile, 0) + 1
 
@@ -316,7 +320,7 @@ def plan(obs: Observed) -> list[Action]:
 
     budget_blocked = False
     if obs.session_started and not obs.stop_file:
-        running = len(busy)
+        running = len(busy - obs.finishing)
         left = obs.budget_left
         for task in sorted(obs.tasks, key=_start_order):
             if running >= obs.max_agents:

@@ -108,6 +108,7 @@ class Scheduler:
             tasks=list(self.state.tasks.values()),
             agents=agents,
             starting=frozenset(self.pool.starting | self.pool.finishing),
+            finishing=frozenset(self.pool.finishing),
             not_before=self.pool.not_before,
             profile_limits={n: p.concurrency for n, p in profiles.items() if p.concurrency},
             default_profile=self.settings.scheduler.default_agent,

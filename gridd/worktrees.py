@@ -19,6 +19,14 @@ from gridd.ids import task_branch
 log = logging.getLogger(__name__)
 
 _IDENTITY = ("-c", "user.name=gridd", "-c", "user.email=gridd@localhost")
+#: One ``sh`` runs the git calls of a finish in sequence. Arguments: message, base ("" for none), then identity flags for ``git commit``.
+_RECORD_SCRIPT = """set -e
+msg=$1; base=$2; shift 2
+git add -A -- .
+if git diff --cached --quiet --; then echo unchanged; else
+  git "$@" commit -q --no-verify -m "$msg"; echo committed; fi
+if [ -n "$base" ]; then git diff --name-only "$base..HEAD" --; fi
+"""
 
 
 class GitError(GriddError):
@@ -34,10 +42,13 @@ class GitResult:
 
 
 async def git(cwd: Path, *args: str, check: bool = True) -> GitResult:
+    return await _run(cwd, ("git", *args), check=check)
+
+
+async def _run(cwd: Path, argv: tuple[str, ...], *, check: bool) -> GitResult:
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
     proc = await asyncio.create_subprocess_exec(
-        "git",
-        *args,
+        *argv,
         cwd=str(cwd),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
@@ -57,6 +68,7 @@ async def git(cwd: Path, *args: str, check: bool = True) -> GitResult:
         proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
     )
     if check and result.code != 0:
+        args = argv[1:]
         raise GitError(
             f"git {' '.join(args[:3])} failed: {result.err.strip() or result.out.strip()}",
             details={"args": list(args), "exitCode": result.code},
@@ -173,11 +185,25 @@ class Worktrees:
 
     async def commit_all(self, path: Path, message: str) -> bool:
         """Commit everything left in the worktree; False when there was nothing."""
-        if not await self.is_dirty(path):
-            return False
-        await git(path, "add", "-A", "--", ".")
-        await git(path, *await self.identity(), "commit", "-q", "--no-verify", "-m", message)
-        return True
+        committed, _ = await self.record(path, message)
+        return committed
+
+    async def record(
+        self, path: Path, message: str, *, base: str | None = None
+    ) -> tuple[bool, list[str]]:
+        """Commit everything left in the worktree and, given ``base``, list the files the
+        branch changed since it: the git calls of a finish in one process (a finish used to
+        start four). Returns (whether a commit was made, changed files). Safe to repeat."""
+        identity = await self.identity()
+        argv = ("sh", "-c", _RECORD_SCRIPT, "gridd-record", message, base or "", *identity)
+        res = await _run(path, argv, check=False)
+        if res.code != 0:
+            raise GitError(
+                f"recording the work in {path} failed: {res.err.strip() or res.out.strip()}",
+                details={"exitCode": res.code, "path": str(path)},
+            )
+        first, _, rest = res.out.partition("\n")
+        return first.strip() == "committed", sorted(ln for ln in rest.splitlines() if ln)
 
     async def changed_files(self, path: Path, base: str) -> list[str]:
         res = await git(path, "diff", "--name-only", f"{base}..HEAD", "--")

@@ -260,6 +260,20 @@ def test_no_start_once_max_agents_are_running() -> None:
     assert plan(obs) == []
 
 
+def test_an_exited_agent_whose_work_is_being_committed_frees_its_slot() -> None:
+    # w1's agent has exited and its finish (git commit) runs: its slot goes to r, but w1
+    # itself gets no second agent while its work is being recorded.
+    tasks = [task("w1", TaskStatus.WORKING), task("w2", TaskStatus.WORKING), task("r")]
+    obs = observed(
+        tasks,
+        max_agents=2,
+        agents=[agent("w1"), agent("w2")],
+        starting=frozenset({"w1"}),
+        finishing=frozenset({"w1"}),
+    )
+    assert started_ids(plan(obs)) == ["r"]
+
+
 def test_a_stopping_agent_still_occupies_its_slot() -> None:
     # The agent is on its way out but alive: starting another would exceed maxAgents.
     tasks = [task("old", TaskStatus.READY), task("new", age=1)]

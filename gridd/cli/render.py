@@ -228,15 +228,27 @@ def agent_status(agent: Agent, *, now: datetime | None = None) -> Text:
 
 
 def _activity(agent: Agent) -> str:
+    if agent.current_tool and agent.status != "exited":
+        return clip(f"using {agent.current_tool}", 50)
     parts = [part for part in (agent.activity, agent.message) if part]
     return clip(": ".join(parts), 50) if parts else "-"
+
+
+def _spend(agent: Agent) -> str:
+    """Cost, and the tokens when the agent reports them ("$0.42, 12.3k tokens")."""
+    tokens = (agent.input_tokens or 0) + (agent.output_tokens or 0)
+    if not tokens:
+        return money(agent.cost_usd)
+    shown = f"{tokens / 1000:.1f}k" if tokens >= 1000 else str(tokens)
+    return f"{money(agent.cost_usd)}, {shown} tokens"
 
 
 def agents_table(
     agents: Iterable[Agent], *, empty: str = "no agents", now: datetime | None = None
 ) -> RenderableType:
     """Agents, one row each: id, task (and session), profile, status (exit code, how long it
-    has waited, stalled), pid, age, cost, activity and last output."""
+    has waited, stalled), pid, age, cost (and tokens), activity (the tool in use, if any) and
+    last output."""
     rows = list(agents)
     if not rows:
         return Text(empty, style="dim")
@@ -255,7 +267,7 @@ def agents_table(
             *_plain(
                 str(a.pid) if a.pid is not None else "-",
                 duration(max(elapsed, 0.0)),
-                money(a.cost_usd),
+                _spend(a),
                 _activity(a),
                 clip(a.last_output, 60),
             ),

@@ -247,7 +247,8 @@ AGENTS = Command(
     help="list running agents (--all: also exited ones)",
     description="List agents: id, task (and session number), profile, status (exit code, how"
     " long a waiting agent has waited, stalled), pid, how long they have run, cost, what they"
-    " are doing (their heartbeat's activity and message) and their last line of output.",
+    " are doing (the tool in use, or their heartbeat's activity and message) and their last"
+    " line of output; the cost column adds the tokens an agent reports (claude).",
     build=build_agents,
     run=run_agents,
 )

@@ -33,6 +33,8 @@ from gridd.workspace import Workspace
 log = logging.getLogger(__name__)
 
 SOURCE = "beads"
+#: The shortest pause between two ``bd ready`` runs.
+SYNC_GAP_SECONDS = 0.2
 __all__ = ["SOURCE", "BdError", "BdResult", "BeadsSource", "bead_task_fields", "parse_ready"]
 
 
@@ -141,6 +143,11 @@ class BeadsSource:
                 await asyncio.wait_for(self._poke.wait(), delay)
             except TimeoutError:
                 pass
+            # A burst of changes (gridd's own claims and writes among them) is read once per
+            # SYNC_GAP_SECONDS at most; a change after a quiet spell is read at once.
+            since = time.monotonic() - (self.last_sync or 0.0)
+            if since < SYNC_GAP_SECONDS:
+                await asyncio.sleep(SYNC_GAP_SECONDS - since)
             self._poke.clear()
 
     async def sync(self) -> int:
@@ -232,5 +239,5 @@ class BeadsSource:
                 self._claimed.add(bead_id)
             self.writer.submit(bead_id, writes)
             finished = finished or status in ("review", "done", "failed")
-        if finished:
-            self.poke()
+        if finished and not self.settings.watch:
+            self.poke()  # a closed bead may unblock others (with the watch on, bd's write shows)

@@ -1,0 +1,66 @@
+"""Slots are freed when an agent exits, before its work is committed, and that never loses
+the work: a daemon killed in between commits it after its restart, with no second agent."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers import (
+    event_log,
+    restartable_daemon,
+    wait_for,
+    wait_task_status,
+    write_core_config,
+)
+
+#: Writes its work, then waits for a go file (outside the worktree) and exits 0.
+WAITING_AGENT = (
+    "import os, pathlib, sys, time\n"
+    "pathlib.Path('work.txt').write_text('work of ' + os.environ['GRID_TASK_ID'])\n"
+    "while not os.path.exists(sys.argv[1]): time.sleep(0.02)\n"
+)
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def test_a_daemon_killed_between_agent_exit_and_commit_loses_nothing(
+    repo: Path, tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    write_core_config(
+        repo, agents={"waiter": {"command": [sys.executable, "-c", WAITING_AGENT, str(go)]}}
+    )
+    with restartable_daemon(repo) as grid:
+        c = grid.client()
+        c.post("/tasks", {"id": "kept", "title": "work to keep", "agent": "waiter"})
+        c.post("/session/start", {"maxAgents": 1})
+        agent = wait_for(lambda: c.get("/agents") and c.get("/agents")[0], timeout=30)
+        worktree = Path(str(agent["worktreePath"]))
+        # Hold the worktree's index lock: the commit after the agent exits fails (a transient
+        # git error, retried), so the daemon is certainly killed between exit and commit.
+        gitdir = Path(git(worktree, "rev-parse", "--absolute-git-dir"))
+        lock = gitdir / "index.lock"
+        lock.write_text("")
+        go.write_text("")
+        log = repo / ".grid" / "gridd.log"
+        wait_for(
+            lambda: log.exists() and "index.lock" in log.read_text(errors="replace"),
+            timeout=30,
+            message="the commit after the agent's exit refused by the held lock",
+        )
+        assert c.get("/tasks/kept")["status"] == "working"
+        grid.kill9()
+        lock.unlink()
+        grid.start()
+        task = wait_task_status(c, "kept", "review", timeout=60)
+        assert task["changedFiles"] == ["work.txt"]
+        assert git(worktree, "status", "--porcelain") == ""
+        assert git(worktree, "show", "HEAD:work.txt") == "work of kept"
+        assert len(event_log(c, types={"agent.spawned"})) == 1
+        assert len(event_log(c, types={"agent.completed"})) == 1

@@ -39,6 +39,20 @@ def assess(*, now: float, started: float, last_life: float | None, limits: Limit
     return Verdict.OK
 
 
+def next_change(
+    *, now: float, started: float, last_life: float | None, limits: Limits
+) -> float | None:
+    """Seconds until ``assess`` could give another verdict if the agent stays silent (None:
+    never). A watcher that sleeps until then misses no launch failure, stall or stall kill."""
+    if last_life is None:
+        marks = [started + limits.launch_grace] if limits.launch_grace is not None else []
+    else:
+        marks = [last_life + t for t in (limits.stall, limits.stall_kill) if t is not None]
+    ahead = [m - now for m in marks if m >= now]
+    # Just past the mark: assess compares with ">".
+    return min(ahead) + 0.01 if ahead else None
+
+
 LAUNCH_HINT = (
     "no output and no heartbeat within the launch grace: check that the command exists and"
     " is on PATH, that it is authenticated (API key, login), and the profile's argv"

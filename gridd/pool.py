@@ -21,11 +21,12 @@ from gridd.adapters import base
 from gridd.adapters.registry import get_adapter
 from gridd.agents.output import OutputLog
 from gridd.agents.process import AgentProcess, ExitStatus, ShimStarter
+from gridd.agents.wakeups import Wakeup, Wakeups
 from gridd.agents.watch import Poll, RunWatch
 from gridd.background import Background
 from gridd.errors import Conflict, GriddError, StoreError
 from gridd.events import EventBus
-from gridd.health import LAUNCH_HINT, Limits, Verdict, assess
+from gridd.health import LAUNCH_HINT, Limits, Verdict, assess, next_change
 from gridd.lifecycle import move_agent, move_task
 from gridd.model import Agent, AgentStatus, Question, Task, TaskStatus, utcnow
 from gridd.plan import RATE_LIMIT_RESET
@@ -37,9 +38,10 @@ from gridd.worktrees import Worktrees
 
 log = logging.getLogger(__name__)
 
-POLL_SECONDS = 0.02
-QUIET_POLL_SECONDS = 0.05
-QUIET_AFTER_SECONDS = 2.0
+#: A look at a run indexes at most this many chunks (``OutputLog.poll``); a full look
+#: means more may be waiting, so the watcher looks again at once instead of sleeping.
+MAX_CHUNKS_PER_LOOK = 16
+#: Where nothing reports the shim's death (no pidfd) the watcher asks the OS this often.
 LIVENESS_SECONDS = 0.5
 #: A state database that cannot be written: retry watching after this (doubling, capped).
 STORE_RETRY_SECONDS = 0.5
@@ -111,6 +113,14 @@ class AgentPool:
         self.handles: dict[str, AgentProcess] = {}
         self.shims = ShimStarter(workspace.runs_dir / "spare-shim.log")
         self.runs: dict[str, RunWatch] = {}
+        watch = settings.watch
+        #: What wakes the watchers: file notifications, the shims' exits, a safety-net sweep.
+        self.wakeups = Wakeups(
+            notify=watch.notify,
+            sweep_seconds=watch.sweep_seconds,
+            fallback_seconds=watch.fallback_seconds,
+        )
+        self._sweeping = False
         self.started_mono: dict[str, float] = {}
         self.starting: set[str] = set()
         #: Task ids whose agent has exited and is being finished (commit, new status): until
@@ -419,6 +429,19 @@ class AgentPool:
 
     # -- watching ------------------------------------------------------------------------------
 
+    def _wakeup(self, agent_id: str, handle: AgentProcess, run: RunWatch) -> Wakeup:
+        """The watcher's alarm clock (``agents/wakeups.py``); the sweep starts with the first."""
+        if not self._sweeping:
+            self._sweeping = True
+            self.wakeups.start()
+            self.background.spawn("agent-wakeups", self.wakeups.run())
+        return self.wakeups.watch(
+            handle.run_dir,
+            unread=run.unread,
+            shim_pid=handle.shim_pid if handle.shim_create_time is not None else None,
+            shim_alive=handle.shim_alive,
+        )
+
     async def _watch(self, agent_id: str) -> None:
         """Watch one agent until it has exited and been finished. A state database that
         cannot be written (a full or read-only disk) pauses the watching, never ends it:
@@ -435,15 +458,29 @@ class AgentPool:
 
     async def _watch_once(self, agent_id: str) -> None:
         handle, run = self.handles[agent_id], self.runs[agent_id]
+        wake = self._wakeup(agent_id, handle, run)
+        try:
+            await self._watch_run(agent_id, handle, run, wake)
+        finally:
+            self.wakeups.unwatch(wake)
+
+    async def _watch_run(
+        self, agent_id: str, handle: AgentProcess, run: RunWatch, wake: Wakeup
+    ) -> None:
+        """Look at the run each time something happened to it (see ``Wakeups``): new output
+        or heartbeats, ``exit.json``, the shim's death, or a health deadline."""
         next_liveness = 0.0
         while True:
+            wake.clear()  # before looking: a write from here on wakes us again
             status = handle.exit_status()
             polled = run.poll(final=status is not None)
             self._apply(agent_id, run, polled)
             now = time.monotonic()
             # Asking the OS whether the shim lives costs far more than reading two files:
-            # exit.json is the normal way out, so this is only the safety net, twice a second.
-            if status is None and now >= next_liveness and not handle.shim_alive():
+            # exit.json is the normal way out and a pidfd reports the shim's death, so this
+            # is only the safety net where no pidfd watches it (or the agent is orphaned).
+            ask_os = wake.shim_gone or (not wake.shim_watched and now >= next_liveness)
+            if status is None and ask_os and not handle.shim_alive():
                 # The shim writes exit.json just before it exits: look once more.
                 status = handle.exit_status() or self._orphaned(agent_id, handle, run)
             if status is None and now >= next_liveness:
@@ -458,12 +495,27 @@ class AgentPool:
                     await self.on_exit(agent_id, status, run)
                 return
             self._check_health(agent_id, run)
-            if polled.chunks:
-                await asyncio.sleep(0)
-            else:
-                # Quiet agents are looked at less often: polling is the daemon's idle cost.
-                quiet = run.last_life is None or now - run.last_life > QUIET_AFTER_SECONDS
-                await asyncio.sleep(QUIET_POLL_SECONDS if quiet else POLL_SECONDS)
+            if len(polled.chunks) >= MAX_CHUNKS_PER_LOOK:
+                await asyncio.sleep(0)  # more may be waiting: let others run, then go on
+                continue
+            await wake.wait(self._sleep_for(agent_id, run, wake))
+
+    def _sleep_for(self, agent_id: str, run: RunWatch, wake: Wakeup) -> float | None:
+        """How long a watcher may sleep when nothing wakes it: until its next health verdict,
+        or the liveness check where nothing reports the shim's death."""
+        agent = self.state.agents[agent_id]
+        limits = self._limits(agent)
+        started = self.started_mono.get(agent_id, time.monotonic())
+        health_due = next_change(
+            now=time.monotonic(), started=started, last_life=run.last_life, limits=limits
+        )
+        if agent.status not in (AgentStatus.RUNNING, AgentStatus.STARTING):
+            # Stopping, or waiting for a human: silence is expected. Look now and then all
+            # the same: an answer makes it running again, and its clock starts anew.
+            health_due = self.wakeups.sweep_seconds
+        liveness = None if wake.shim_watched and not run.orphaned else LIVENESS_SECONDS
+        waits = [w for w in (health_due, liveness) if w is not None]
+        return min(waits) if waits else None
 
     def _orphaned(self, agent_id: str, handle: AgentProcess, run: RunWatch) -> ExitStatus | None:
         """The shim is gone without a readable exit record. While the agent itself still

@@ -28,9 +28,13 @@ class QuestionBook:
         self.state = state
         self.bus = bus
         self.questions: dict[str, Question] = {q.id: q for q in store.load_questions()}
+        #: The pending ones, kept as they change (/state lists them on every request).
+        self._pending: dict[str, Question] = {
+            q.id: q for q in self.questions.values() if q.status == QuestionStatus.PENDING
+        }
 
     def pending(self) -> list[Question]:
-        return [q for q in self.questions.values() if q.status == QuestionStatus.PENDING]
+        return list(self._pending.values())
 
     def pending_for(self, agent_id: str) -> list[Question]:
         return [q for q in self.pending() if q.agent_id == agent_id]
@@ -48,6 +52,10 @@ class QuestionBook:
     def _save(self, question: Question) -> Question:
         self.store.save_question(question)
         self.questions[question.id] = question
+        if question.status == QuestionStatus.PENDING:
+            self._pending[question.id] = question
+        else:
+            self._pending.pop(question.id, None)
         return question
 
     # -- asking ------------------------------------------------------------------------------

@@ -203,6 +203,7 @@ class Grid:
         self.pool.shims.close()
         self._end_streams()
         await self.background.stop()
+        self.pool.wakeups.close()
 
     def on_shutdown_request(self, callback: Callable[[], None]) -> None:
         self._shutdown_callback = callback
@@ -289,7 +290,9 @@ class Grid:
         )
 
     def state_json(self) -> bytes:
-        """``RepoState`` as JSON, with the task list from the per-task cache (fast)."""
+        """``RepoState`` as JSON from the state cache: tasks and live agents are encoded once
+        per change (``GridState.tasks_json``, ``live_agents_json``), so a request costs the
+        same with one agent or hundreds, and nothing here walks every agent that ever ran."""
 
         def dump(value: WireModel | list[WireModel]) -> bytes:
             if isinstance(value, list):
@@ -299,7 +302,7 @@ class Grid:
         parts = [
             b'{"session":' + dump(self.state.session),
             b'"tasks":' + self.state.tasks_json(),
-            b'"agents":' + dump(list(self.state.live_agents())),
+            b'"agents":' + self.state.live_agents_json(),
             b'"pendingQuestions":' + dump(list(self.questions.pending())),
             b'"stats":' + dump(self.state.stats()),
             b'"daemon":' + dump(self.daemon_info()),

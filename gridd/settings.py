@@ -162,6 +162,26 @@ def builtin_profiles() -> dict[str, AgentProfile]:
     }
 
 
+class WatchSettings(_Section):
+    """How agent watchers learn that an agent wrote something (``agents/wakeups.py``)."""
+
+    notify: bool = Field(
+        default=True, description="File notifications (inotify) wake watchers; false = poll"
+    )
+    sweep_seconds: float = Field(
+        default=2.0,
+        ge=0.05,
+        le=60,
+        description="Safety-net sweep for missed notifications (with notifications on)",
+    )
+    fallback_seconds: float = Field(
+        default=0.05,
+        ge=0.005,
+        le=60,
+        description="Poll interval where notifications are off or unavailable (macOS)",
+    )
+
+
 class BeadsSettings(_Section):
     """The beads (``bd``) task source."""
 
@@ -279,6 +299,7 @@ class Settings(_Section):
     scheduler: SchedulerSettings = SchedulerSettings()
     agents: dict[str, AgentProfile] = Field(default_factory=dict)
     beads: BeadsSettings = BeadsSettings()
+    watch: WatchSettings = WatchSettings()
     notifications: NotificationSettings = NotificationSettings()
     merge: MergeSettings = MergeSettings()
 

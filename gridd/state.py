@@ -33,11 +33,21 @@ class GridState:
         self.bus = bus
         self.tasks: dict[str, Task] = {t.id: t for t in store.load_tasks()}
         self.agents: dict[str, Agent] = {a.id: a for a in store.load_agents()}
+        #: The agents not exited, kept as they change: /state never walks every agent
+        #: that ever ran.
+        self.live: dict[str, Agent] = {
+            a.id: a for a in self.agents.values() if a.status != AgentStatus.EXITED
+        }
         self.session = self._load_session()
         self.revision = 0
         self._dirty: dict[str, Task] = {}
         self._wakers: list[Callable[[], None]] = []
         self._task_json: dict[str, bytes] = {}
+        self._agent_json: dict[str, bytes] = {}
+        # Whole-list encodings and task counts, dropped on any change to what they cover.
+        self._tasks_blob: bytes | None = None
+        self._live_blob: bytes | None = None
+        self._task_counts: tuple[dict[str, int], int] | None = None
 
     def _load_session(self) -> SessionState:
         raw = self.store.get_meta("session")
@@ -110,12 +120,17 @@ class GridState:
         self.tasks[task.id] = task
         self._dirty[task.id] = task
         self._task_json.pop(task.id, None)
+        self._tasks_blob = None
+        self._task_counts = None
 
     def statuses(self) -> dict[str, TaskStatus]:
         return {t.id: t.status for t in self.tasks.values()}
 
     def tasks_json(self) -> bytes:
-        """All tasks as a JSON array, from a per-task cache (fast with 10,000 tasks)."""
+        """All tasks as a JSON array, from a per-task cache (fast with 10,000 tasks); the
+        array itself is kept until a task changes."""
+        if self._tasks_blob is not None:
+            return self._tasks_blob
         parts = []
         cache = self._task_json
         for task_id, task in self.tasks.items():
@@ -124,15 +139,34 @@ class GridState:
                 blob = json.dumps(task.wire(), separators=(",", ":")).encode()
                 cache[task_id] = blob
             parts.append(blob)
-        return b"[" + b",".join(parts) + b"]"
+        self._tasks_blob = b"[" + b",".join(parts) + b"]"
+        return self._tasks_blob
+
+    def live_agents_json(self) -> bytes:
+        """The live agents as a JSON array, each encoded once per change."""
+        if self._live_blob is not None:
+            return self._live_blob
+        parts = []
+        cache = self._agent_json
+        for agent_id, agent in self.live.items():
+            blob = cache.get(agent_id)
+            if blob is None:
+                blob = json.dumps(agent.wire(), separators=(",", ":")).encode()
+                cache[agent_id] = blob
+            parts.append(blob)
+        self._live_blob = b"[" + b",".join(parts) + b"]"
+        return self._live_blob
 
     def stats(self) -> Stats:
-        counts: dict[str, int] = {}
-        waiting = 0
-        for task in self.tasks.values():
-            counts[task.status.value] = counts.get(task.status.value, 0) + 1
-            waiting += task.waiting_since is not None
-        live_cost = sum(a.cost_usd or 0.0 for a in self.live_agents())
+        if self._task_counts is None:
+            counts: dict[str, int] = {}
+            waiting = 0
+            for task in self.tasks.values():
+                counts[task.status.value] = counts.get(task.status.value, 0) + 1
+                waiting += task.waiting_since is not None
+            self._task_counts = counts, waiting
+        counts, waiting = self._task_counts
+        live_cost = sum(a.cost_usd or 0.0 for a in self.live.values())
         return Stats(
             **{k: v for k, v in counts.items() if k in Stats.model_fields},
             waiting=waiting,
@@ -143,7 +177,7 @@ class GridState:
 
     def put_agent(self, agent: Agent) -> Agent:
         self.store.save_agent(agent)
-        self.agents[agent.id] = agent
+        self._remember_agent(agent)
         self.touch()
         return agent
 
@@ -157,20 +191,29 @@ class GridState:
             self.store.save_agent(agent)
         else:
             agent = agent.model_copy(update=changes)
-        self.agents[agent_id] = agent
+        self._remember_agent(agent)
         return agent
 
     def write_agent(self, agent: Agent) -> None:
         """Persist an already validated agent. Only ``gridd.lifecycle`` calls it."""
         self.store.save_agent(agent)
-        self.agents[agent.id] = agent
+        self._remember_agent(agent)
         self.touch()
 
+    def _remember_agent(self, agent: Agent) -> None:
+        self.agents[agent.id] = agent
+        self._agent_json.pop(agent.id, None)
+        self._live_blob = None
+        if agent.status == AgentStatus.EXITED:
+            self.live.pop(agent.id, None)
+        else:
+            self.live[agent.id] = agent
+
     def live_agents(self) -> list[Agent]:
-        return [a for a in self.agents.values() if a.status != AgentStatus.EXITED]
+        return list(self.live.values())
 
     def agent_for_task(self, task_id: str) -> Agent | None:
-        for agent in self.agents.values():
+        for agent in self.live.values():
             if agent.task_id == task_id and agent.status != AgentStatus.EXITED:
                 return agent
         return None

@@ -7,6 +7,7 @@ and decides what to publish.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -54,6 +55,18 @@ class RunWatch:
         self.rate_limit_published = False
         #: Chunks indexed before a restart but never published: the next poll returns them.
         self.pending: list[Chunk] = []
+
+    def unread(self) -> bool:
+        """True when the run's files hold something ``poll`` has not taken yet (or it has
+        ended): the safety-net sweep's question, two or three ``stat`` calls."""
+        if self.pending or self.output.size() > self.output.offset:
+            return True
+        try:
+            if os.stat(self.heartbeats.path).st_size > self.heartbeats.offset:
+                return True
+        except FileNotFoundError:
+            pass
+        return os.path.exists(self.output.log_path.parent / "exit.json")
 
     def poll(self, *, final: bool = False) -> Poll:
         result = Poll()

@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, Response
 
 from gridd.api.body import read_document
 from gridd.api.errors import query_flag, query_int, read_body, read_json, validate
+from gridd.api.paging import PAGE_QUERY, page_of, paged
 from gridd.api.spec import grid_of, table, wire
 from gridd.errors import BadRequest
 from gridd.git import diff, report
@@ -56,6 +57,10 @@ def _task_id(request: Request) -> str:
     return str(request.path_params["task_id"])
 
 
+def _id_of(item: Task | Agent | Question) -> str:
+    return item.id
+
+
 def _agent_id(request: Request) -> str:
     return str(request.path_params["agent_id"])
 
@@ -66,15 +71,17 @@ def _agent_id(request: Request) -> str:
 @table.add(
     "GET",
     "/tasks",
-    summary="All tasks (?status=ready,working filters)",
+    summary="All tasks (?status=ready,working filters; ?limit&after pages)",
     response=Task,
     response_list=True,
-    query={"status": "comma-separated statuses"},
+    query={"status": "comma-separated statuses", **PAGE_QUERY},
 )
 async def list_tasks(request: Request) -> Response:
     grid = grid_of(request)
     raw = request.query_params.get("status")
     if not raw:
+        if paged(request):
+            return page_of(request, list(grid.state.tasks.values()), key=_id_of)
         return Response(grid.state.tasks_json(), media_type="application/json")
     try:
         wanted = {TaskStatus(s.strip()) for s in raw.split(",") if s.strip()}
@@ -83,7 +90,10 @@ async def list_tasks(request: Request) -> Response:
             f"unknown status in {raw!r}; known: {', '.join(s.value for s in TaskStatus)}",
             code="bad_query",
         ) from None
-    return wire([t for t in grid.state.tasks.values() if t.status in wanted])
+    matching = [t for t in grid.state.tasks.values() if t.status in wanted]
+    if paged(request):
+        return page_of(request, matching, key=_id_of)
+    return wire(matching)  # type: ignore[arg-type]
 
 
 @table.add(
@@ -277,14 +287,16 @@ async def finish_session(request: Request) -> Response:
 @table.add(
     "GET",
     "/agents",
-    summary="Running agents (?all=1 includes exited ones)",
+    summary="Running agents (?all=1 includes exited ones; ?limit&after pages)",
     response=Agent,
     response_list=True,
-    query={"all": "1 to include exited agents"},
+    query={"all": "1 to include exited agents", **PAGE_QUERY},
 )
 async def list_agents(request: Request) -> Response:
     state = grid_of(request).state
     agents = list(state.agents.values()) if query_flag(request, "all") else state.live_agents()
+    if paged(request):
+        return page_of(request, agents, key=_id_of)
     return wire(agents)  # type: ignore[arg-type]
 
 
@@ -344,11 +356,13 @@ async def agent_output(request: Request) -> Response:
     summary="Pending questions from agents (?all=1 includes answered and closed ones)",
     response=Question,
     response_list=True,
-    query={"all": "1 to include answered and closed questions"},
+    query={"all": "1 to include answered and closed questions", **PAGE_QUERY},
 )
 async def list_questions(request: Request) -> Response:
     book = grid_of(request).questions
     items = list(book.questions.values()) if query_flag(request, "all") else book.pending()
+    if paged(request):
+        return page_of(request, items, key=_id_of)
     return wire(items)  # type: ignore[arg-type]
 
 

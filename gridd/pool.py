@@ -752,6 +752,10 @@ class AgentPool:
         agent = self.state.agents.get(agent_id)
         if agent is None or agent.status == AgentStatus.EXITED:
             return
+        if agent_id not in self.handles:
+            # Its spawn is still in flight, or it has exited and is being finished: nothing
+            # to signal. What is wanted stays recorded; the next pass asks again.
+            return
         if agent_id in self.stops and (self.stops[agent_id] or not force):
             return  # already being stopped (or killed) by this daemon
         self.stops[agent_id] = force
@@ -761,8 +765,6 @@ class AgentPool:
     async def _stop(self, agent_id: str, *, force: bool) -> None:
         handle = self.handles.get(agent_id)
         if handle is None:
-            # Not watched yet (its spawn is still in flight): the next pass asks again.
-            self.stops.pop(agent_id, None)
             return
         if force:
             handle.signal(signal.SIGKILL)

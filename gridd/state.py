@@ -195,10 +195,10 @@ class GridState:
         return agent
 
     def write_agent(self, agent: Agent) -> None:
-        """Persist an already validated agent. Only ``gridd.lifecycle`` calls it."""
+        """Persist an already validated agent. Only ``gridd.lifecycle`` calls it. (No
+        wake-up: whoever needs the scheduler to look again touches the state itself.)"""
         self.store.save_agent(agent)
         self._remember_agent(agent)
-        self.touch()
 
     def _remember_agent(self, agent: Agent) -> None:
         self.agents[agent.id] = agent

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -121,6 +122,12 @@ def test_beads_are_claimed_before_spawn_and_a_lost_claim_spawns_nothing(repo: Pa
         assert str(bd_issue(repo, "bd-1")["close_reason"]).startswith("gridd:")
         # bd-race was claimed by a rival: gridd leaves it alone.
         assert bd_issue(repo, "bd-race")["assignee"] == "rival"
+        # the worktree made while the lost claim was in flight is gone, branch and all
+        assert not (repo / ".grid" / "worktrees" / "bd-race").exists()
+        branches = subprocess.run(
+            ["git", "branch", "--list", "grid/bd-race"], cwd=repo, capture_output=True, text=True
+        ).stdout
+        assert branches.strip() == ""
         race_calls = [call for call in bd_calls(repo) if "bd-race" in call]
         assert len(race_calls) == 1 and "--claim" in race_calls[0]
         # Every write was one stock bd accepts: no error, no retry.

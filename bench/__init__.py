@@ -37,6 +37,7 @@ BENCHMARKS: list[str] = [
     "durability",
     "questions",
     "metrics",
+    "merge",
     "claude_finish",
 ]
 

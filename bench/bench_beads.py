@@ -5,8 +5,9 @@ A real daemon serves a fresh repository with ``.beads/`` and the strict ``bd`` s
 (``poll_seconds = 0``) so only the watch of ``.beads/`` can notice, and a session running
 with room to spare. For each of N beads (12; 5 with ``--quick``), one at a time: the bead is
 written into bd's data (an atomic rename, as a database commit lands), and the clock stops
-when a raw ``GET /events`` reader sees that task's ``agent.spawned``. The run completes
-before the next bead is written.
+when a raw ``GET /events`` reader sees that task's ``agent.spawned``. The run completes, its
+review is written back to bd and 0.3 s pass before the next bead is written (each bead is
+measured alone, as ``bench_spawn`` measures each task alone).
 
 On the way gridd notices the change (watchfiles), runs ``bd ready --json --limit 0``, adds
 the task, wakes its scheduler, claims the bead (``bd update <id> --claim --json``) while it
@@ -47,12 +48,14 @@ from bench.common import (
     remove_repo,
     result,
     running_gridd,
+    wait_until,
 )
 
 NAME = "beads"
 RUNS = 12
 RUNS_QUICK = 5
 TARGET_MS = 150.0
+SETTLE_S = 0.3
 BD = [sys.executable, "-I", "-S", str(ROOT / "tests" / "fakes" / "bd")]
 
 
@@ -81,6 +84,12 @@ def add_beads(root: Path, bead_ids: list[str]) -> None:
     tmp = db_path.with_name("incoming.tmp")
     tmp.write_text(json.dumps(db))
     os.replace(tmp, db_path)
+
+
+def _in_review(root: Path, bead_id: str) -> bool:
+    db = json.loads((root / ".beads" / "fake-bd.json").read_text())
+    issue = next((i for i in db["issues"] if i["id"] == bead_id), {})
+    return "gridd:review" in (issue.get("labels") or [])
 
 
 def beads_repo() -> Path:
@@ -165,6 +174,10 @@ def _gridd(runs: int) -> list[float]:
                     _, done = tap.expect(lambda e, b=bead_id: e.data.get("taskId") == b, timeout=30)
                     if done.type != "agent.completed":
                         raise RuntimeError(f"{bead_id}: {done.type} {done.data}")
+                    # Each bead measured alone: its review is written back to bd, and the
+                    # bd ready that this write wakes has run, before the next bead lands.
+                    wait_until(lambda b=bead_id: _in_review(root, b), timeout=30)
+                    time.sleep(SETTLE_S)
             finally:
                 stop_session(daemon.sock)
         return latencies

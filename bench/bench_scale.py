@@ -20,6 +20,14 @@ Two parts:
 
 Baseline (same run): ``json.dumps`` of the 10,000 task objects ``GET /state`` returned
 (the least any server must do to send them); ratio = ``GET /state`` p50 / that.
+
+Then **live agents** (``bench/scale_agents.py``): 16, 64 and 256 tiny tickers (16 and 64
+with ``--quick``): daemon CPU at rest and at one line per second each, ``/state`` and
+``/health`` p50/p99, write -> SSE event latency, PSS of the daemon and the shims, time to
+start all and to recover all after ``kill -9`` of the daemon. Targets (at the largest
+count): daemon <= 10 % of a core at 1 line/s, ``/state`` p50 <= 2 ms, write -> event p50
+<= 20 ms, <= 1 % of a core at rest, recovery <= 3 s. Baseline: the daemon's CPU at rest
+before any agent exists, and ``/health`` p50 for ``/state``.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from bench.common import (
     running_gridd,
     temp_repo,
 )
+from bench.scale_agents import measure
 
 NAME = "scale"
 TASKS = 10_000
@@ -56,6 +65,13 @@ FORCED_PASSES_QUICK = 5
 STATE_GETS = 50
 STATE_GETS_QUICK = 20
 IDLE_P99_TARGET_MS = 5.0
+AGENT_COUNTS = (16, 64, 256)
+AGENT_COUNTS_QUICK = (16, 64)
+TICKING_CPU_TARGET = 10.0
+REST_CPU_TARGET = 1.0
+AGENT_STATE_P50_TARGET_MS = 2.0
+EVENT_P50_TARGET_MS = 20.0
+RECOVER_TARGET_S = 3.0
 STATE_P50_TARGET_MS = 20.0
 
 
@@ -249,6 +265,11 @@ def run(quick: bool) -> dict[str, Any]:
     if len(tasks) != TASKS:
         raise RuntimeError(f"GET /state returned {len(tasks)} tasks, expected {TASKS}")
     base_s = _baseline(tasks)
+    counts = AGENT_COUNTS_QUICK if quick else AGENT_COUNTS
+    live = [
+        measure(n, window=3.0 if quick else 5.0, requests=100 if quick else 300) for n in counts
+    ]
+    top = live[-1]
     idle_p99_ms = sched.pop("idle_p99_s") * 1000
     state_p50_ms = daemon.pop("state_p50_s") * 1000
     ratio = state_p50_ms / (base_s * 1000)
@@ -270,6 +291,7 @@ def run(quick: bool) -> dict[str, Any]:
                 target=f"<= {STATE_P50_TARGET_MS:g} ms",
                 passed=state_p50_ms <= STATE_P50_TARGET_MS,
             ),
+            *_agent_checks(top),
         ],
         baseline={
             "what": f"json.dumps of the {TASKS:,} task objects GET /state returned",
@@ -278,10 +300,63 @@ def run(quick: bool) -> dict[str, Any]:
         },
         ratio=ratio,
         ratio_label="GET /state p50 / json.dumps of the tasks",
-        figures={"scheduler": sched, "daemon": daemon, "tasks": TASKS},
+        figures={"scheduler": sched, "daemon": daemon, "tasks": TASKS, "live_agents": live},
         quick=quick,
         summary=f"POST /plans {daemon['load_s']:.2f} s; idle pass p99"
         f" {idle_p99_ms:.3f} ms, forced pass p50 {sched['forced_ms']['p50']:.1f} ms;"
         f" GET /state p50 {state_p50_ms:.1f} ms ({daemon['state_bytes'] / 2**20:.1f} MB);"
-        f" json.dumps {base_s * 1000:.1f} ms",
+        f" json.dumps {base_s * 1000:.1f} ms; " + "; ".join(_agent_summary(r) for r in live),
+    )
+
+
+def _agent_checks(r: dict[str, Any]) -> list[Check]:
+    n = r["agents"]
+    rest_ratio = r["cpu_rest_pct"] / max(r["cpu_empty_pct"], 0.01)
+    state_ratio = r["state_ticking_ms"]["p50"] / max(r["health_ms"]["p50"], 0.001)
+    recover = r["recover_all_s"]
+    return [
+        Check(
+            metric=f"{n} agents at 1 line/s: daemon CPU",
+            value=r["cpu_ticking_pct"],
+            unit="% core",
+            target=f"<= {TICKING_CPU_TARGET:g} %",
+            passed=r["cpu_ticking_pct"] <= TICKING_CPU_TARGET,
+        ),
+        Check(
+            metric=f"{n} quiet agents: daemon CPU ({rest_ratio:.2g}x the daemon with none)",
+            value=r["cpu_rest_pct"],
+            unit="% core",
+            target=f"<= {REST_CPU_TARGET:g} %",
+            passed=r["cpu_rest_pct"] <= REST_CPU_TARGET,
+        ),
+        Check(
+            metric=f"{n} agents at 1 line/s: GET /state p50 ({state_ratio:.2g}x /health)",
+            value=r["state_ticking_ms"]["p50"],
+            unit="ms",
+            target=f"<= {AGENT_STATE_P50_TARGET_MS:g} ms",
+            passed=r["state_ticking_ms"]["p50"] <= AGENT_STATE_P50_TARGET_MS,
+        ),
+        Check(
+            metric=f"{n} agents: write -> SSE event p50",
+            value=r["event_ms"]["p50"],
+            unit="ms",
+            target=f"<= {EVENT_P50_TARGET_MS:g} ms",
+            passed=r["event_ms"]["p50"] <= EVENT_P50_TARGET_MS,
+        ),
+        Check(
+            metric=f"{n} agents: recovery after kill -9 of the daemon",
+            value=recover if recover is not None else float("nan"),
+            unit="s",
+            target=f"<= {RECOVER_TARGET_S:g} s",
+            passed=recover is not None and recover <= RECOVER_TARGET_S,
+        ),
+    ]
+
+
+def _agent_summary(r: dict[str, Any]) -> str:
+    return (
+        f"{r['agents']} agents: start {r['start_all_s']} s, CPU rest {r['cpu_rest_pct']} %"
+        f" / ticking {r['cpu_ticking_pct']} %, /state p50 {r['state_ticking_ms']['p50']} ms,"
+        f" event p50 {r['event_ms']['p50']} ms, PSS daemon {r['daemon_pss_mb']} MB"
+        f" shims {r['shims_pss_mb']} MB, recover {r['recover_all_s']} s"
     )

@@ -29,9 +29,10 @@ from pathlib import Path
 
 import uvicorn
 
+from gridd import trust
 from gridd.adapters.registry import get_adapter
 from gridd.api import create_app
-from gridd.api.protocol import gridd_protocol
+from gridd.api.protocol import ConnectionGate, gridd_protocol
 from gridd.errors import AlreadyRunning, ConfigError, GriddError, WorkspaceError
 from gridd.service import Grid
 from gridd.settings import Settings, load_settings
@@ -225,8 +226,12 @@ def build_server(
 ) -> _Server:
     """The uvicorn server for ``grid``: peer-checked, JSON errors even for unparseable
     requests, no websockets, and a bounded graceful shutdown. Serve it on our own socket."""
+    daemon = grid.settings.daemon
     protocol = gridd_protocol(
-        allowed_uid=os.getuid(), stall_timeout=grid.settings.events.send_timeout_seconds
+        allowed_uid=os.getuid(),
+        stall_timeout=grid.settings.events.send_timeout_seconds,
+        header_timeout=daemon.header_timeout_seconds,
+        gate=ConnectionGate(daemon.max_connections),
     )
     config = uvicorn.Config(
         create_app(grid),
@@ -282,6 +287,7 @@ def run(workspace: Path | None = None) -> int:
     logging_ready = False
     try:
         settings = load_settings(ws.config_path)
+        trust.require(ws.root, ws.config_path, os.environ)
         check_profiles(settings, source=str(ws.config_path))
         setup_logging(ws, settings)
         logging_ready = True

@@ -1,8 +1,10 @@
 """``make demo``: gridd's main job, end to end, in a throwaway repository.
 
 A real daemon, a plan of six tasks in three waves for the bundled ``example`` agent, a
-session with three agents, a live view driven by the event stream, approval in wave order
-as each wave reaches review, and a summary of the branches and files produced.
+session with three agents on a feature branch, a live view driven by the event stream,
+approval in wave order as each wave reaches review (each approved task is merged into the
+feature branch, and the next wave starts from the merged work), and at the end the feature
+branch's log and diffstat: one branch holding every task's work.
 """
 
 from __future__ import annotations
@@ -54,22 +56,56 @@ def make_repo() -> Path:
     return root
 
 
+FEATURE = "demo-feature"
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout
+
+
 def summary(root: Path, client: GridClient) -> Table:
     table = Table(title="What the agents produced", title_justify="left")
     table.add_column("task")
     table.add_column("branch")
-    table.add_column("commits", justify="right")
+    table.add_column("started from")
+    table.add_column("merged as")
     table.add_column("changed files")
     for task in client.get("/tasks"):
-        branch = task.get("branch") or "-"
-        commits = subprocess.run(
-            ["git", "rev-list", "--count", f"main..{branch}", "--"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        table.add_row(task["id"], branch, commits or "0", ", ".join(task.get("changedFiles", [])))
+        table.add_row(
+            task["id"],
+            task.get("branch") or "-",
+            (task.get("baseCommit") or "-")[:9],
+            (task.get("mergeCommit") or "-")[:9],
+            ", ".join(task.get("changedFiles", [])),
+        )
     return table
+
+
+def feature_report(console: Console, root: Path) -> bool:
+    """The feature branch's log and diffstat against main; True when it holds every task."""
+    console.print(f"\n[bold]{FEATURE}[/bold]: one branch holding every task's work")
+    console.print(_git(root, "log", "--graph", "--oneline", f"main..{FEATURE}", "--").rstrip())
+    console.print(_git(root, "diff", "--stat", f"main...{FEATURE}", "--").rstrip())
+    files = set(_git(root, "ls-tree", "-r", "--name-only", FEATURE).split())
+    wanted = {f"notes/{t['id']}.md" for t in PLAN}
+    missing = sorted(wanted - files)
+    if missing:
+        console.print(f"[red]the feature branch is missing {', '.join(missing)}[/red]")
+    return not missing
+
+
+def integration_built_on_earlier_waves(console: Console, root: Path, client: GridClient) -> bool:
+    """The integration task's worktree started from a commit holding its dependencies' work."""
+    task = client.get("/tasks/integration")
+    base = task.get("baseCommit") or ""
+    files = set(_git(root, "ls-tree", "-r", "--name-only", base).split()) if base else set()
+    deps = ["scaffold", "api", "cli"]
+    held = [d for d in deps if f"notes/{d}.md" in files]
+    console.print(
+        f"the integration task started from {base[:9]}, which already held the work of"
+        f" {', '.join(held) or 'nothing'}"
+    )
+    return held == deps
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,17 +134,19 @@ def main(argv: list[str] | None = None) -> int:
             "plan loaded: "
             + "  ".join(f"wave {i + 1}: {', '.join(w)}" for i, w in enumerate(waves))
         )
-        client.post("/session/start", {"featureBranch": "demo-feature", "maxAgents": 3})
+        client.post("/session/start", {"featureBranch": FEATURE, "maxAgents": 3})
         ok = watch_and_approve(console, client, waves)
         client.post("/session/stop")
         console.print(summary(root, client))
         max_seen = max_concurrency(client)
         console.print(f"at most {max_seen} agents ran at once (limit 3)")
+        ok = integration_built_on_earlier_waves(console, root, client) and ok
+        ok = feature_report(console, root) and ok
     finally:
         client.close()
         daemonctl.stop(ws)
     console.print(
-        f"daemon stopped. Explore the result:  cd {root} && git log --oneline --all --graph"
+        f"daemon stopped. Explore the result:  cd {root} && git log --oneline --graph {FEATURE}"
     )
     return 0 if ok else 1
 
@@ -154,6 +192,10 @@ def describe(event_type: str, data: Any) -> str | None:
         return f"spawned {data['agentId']} for {data['taskId']} (pid {data['pid']})"
     if event_type == "agent.completed":
         return f"{data['taskId']} is in review: {', '.join(data['changedFiles'])}"
+    if event_type == "task.merged":
+        return f"{data['taskId']} merged into {data['featureBranch']} as {data['commit'][:9]}"
+    if event_type == "task.merge_conflict":
+        return f"{data['taskId']} conflicts with {FEATURE} in {', '.join(data['files'])}"
     if event_type == "agent.failed":
         return f"{data['taskId']} failed: {data['error']}"
     if event_type in ("session.started", "session.stopped"):

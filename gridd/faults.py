@@ -6,8 +6,7 @@ Tests use it to prove that what was recorded before the step is carried out afte
 restart. The list is empty by default and nothing else reads it.
 
 Points: ``intent.recorded`` (a stop, kill, cancel or approval is persisted, not yet acted
-on), ``spawn.recorded`` (an agent's record exists, its shim not yet started) and
-``spawn.started`` (the agent runs, its pid not yet recorded).
+on).
 """
 
 from __future__ import annotations

@@ -390,6 +390,9 @@ class AgentPool:
         except GriddError:
             adapter = get_adapter("heartbeat")
         run = RunWatch(Path(agent.run_dir), adapter, heartbeat_offset=agent.heartbeat_offset)
+        if adapter.ends_on_result:
+            # It may have said its final word before we died: know it, to end the run.
+            run.replay(agent.output_seq)
         self._resume_output(agent, run)
         run.last_life = time.monotonic()  # we cannot know; don't call it a launch failure
         self.handles[agent.id] = handle
@@ -646,6 +649,8 @@ class AgentPool:
             changes.update(
                 activity="retrying", message=f"{sig.error or 'API error'}, attempt {sig.attempt}"
             )
+        elif isinstance(sig, base.Nudge):
+            self._nudge(agent.id, run, sig.text, why="a continue heartbeat")
         elif isinstance(sig, base.Usage):
             changes.update(input_tokens=sig.input_tokens, output_tokens=sig.output_tokens)
         elif isinstance(sig, base.ModelName):
@@ -695,7 +700,18 @@ class AgentPool:
                 "agent.stalled",
                 {"agentId": agent_id, "taskId": agent.task_id, "silentSeconds": round(silent, 1)},
             )
+            nudge = run.adapter.stall_nudge()
+            if nudge is not None and not run.nudged:
+                self._nudge(agent_id, run, nudge, why="a stall")
         elif verdict is Verdict.STALL_KILL:
+            nudge = run.adapter.stall_nudge()
+            if (
+                nudge is not None
+                and not run.nudged
+                and self._nudge(agent_id, run, nudge, why="a stall")
+            ):
+                run.last_life = time.monotonic()  # a stall kills only after the nudge failed
+                return
             self.request_stop(agent_id, f"stalled: silent for over {limits.stall_kill:g}s")
 
     # -- ending a conversation ------------------------------------------------------------------
@@ -725,6 +741,24 @@ class AgentPool:
                 if handle.exit_status() is not None or not handle.group_alive():
                     return
                 await asyncio.sleep(0.02)
+
+    def _nudge(self, agent_id: str, run: RunWatch, text: str, *, why: str) -> bool:
+        """Send ``text`` as a follow-up to wake the agent (once per run for a stall)."""
+        run.nudged = True
+        try:
+            self.follow_up(agent_id, text)
+        except GriddError as exc:
+            self.bus.publish(
+                "agent.warning",
+                {"agentId": agent_id, "warning": f"could not nudge it after {why}: {exc.message}"},
+            )
+            return False
+        agent = self.state.agents[agent_id]
+        self.bus.publish(
+            "agent.nudged",
+            {"agentId": agent_id, "taskId": agent.task_id, "reason": why, "text": text},
+        )
+        return True
 
     def follow_up(self, agent_id: str, text: str) -> None:
         """Tell a working agent ``text`` unasked (``respond`` with no question pending)."""

@@ -72,7 +72,9 @@ class Workspace:
             )
 
     def ensure_grid_dir(self) -> None:
-        """Create ``.grid/`` with mode 0700 (and tighten it if it exists looser)."""
+        """Create ``.grid/`` with mode 0700 (and tighten it if it exists looser); refuse
+        symlinks for it and for everything gridd writes inside it."""
+        self.refuse_symlinks()
         try:
             self.grid_dir.mkdir(mode=0o700, exist_ok=True)
             os.chmod(self.grid_dir, 0o700)
@@ -87,6 +89,38 @@ class Workspace:
                 f"cannot create the state directory {self.grid_dir}: {exc.strerror}",
                 details={"path": str(self.grid_dir)},
             ) from None
+
+    def written_paths(self) -> list[Path]:
+        """What gridd creates or writes under ``.grid/`` (a symlink there is refused)."""
+        db = self.db_path
+        return [
+            self.log_path,
+            *(self.log_path.with_name(f"{self.log_path.name}.{n}") for n in range(1, 10)),
+            db,
+            *(db.with_name(db.name + suffix) for suffix in ("-wal", "-shm", ".id")),
+            self.runs_dir,
+            self.worktrees_dir,
+            self.pid_path,
+            self.lock_path,
+            self.socket_path,
+            self.grid_dir / "gridd.out",
+            self.grid_dir / "gridd.out.1",
+        ]
+
+    def refuse_symlinks(self) -> None:
+        """A symlinked ``.grid``, log, database, ``runs/`` or ``worktrees/`` would make gridd
+        write outside the repository (a cloned repository can ship such links): refuse."""
+        for path in [self.grid_dir, *self.written_paths()]:
+            if path.is_symlink():
+                raise WorkspaceError(
+                    f"{path} is a symbolic link; gridd refuses to write through links under"
+                    f" .grid/ (it could write outside the repository). Remove it"
+                    f" (rm {path}) and start gridd again",
+                    code="symlink_refused",
+                    details={"path": str(path)},
+                )
+            if path == self.grid_dir and not path.exists():
+                return
 
 
 def find_workspace(path: Path | None = None) -> Workspace:

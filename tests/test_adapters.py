@@ -316,13 +316,22 @@ def test_claude_permission_transcript_becomes_activity_ask_cost_result() -> None
     "name",
     [
         "claude-permission.jsonl",
+        "claude-real-rate-limit-five-hour.jsonl",
+        "claude-real-api-retry-429.jsonl",
+        "claude-real-write-permission.jsonl",
         "claude-ask-control.jsonl",
         "claude-ask-dismissed.jsonl",
         "claude-rate-limit.jsonl",
         "claude-malformed.jsonl",
     ],
 )
-def test_claude_transcripts_parse_the_same_in_any_chunking(name: str) -> None:
+def test_claude_transcripts_parse_the_same_in_any_chunking(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gridd.adapters import claude_limits
+
+    # An API key's 429 parks until "now + retry-after": the same now for every parse.
+    monkeypatch.setattr(claude_limits.time, "time", lambda: CAPTURED_AT)
     text = transcript(name)
     whole = feed(ClaudeAdapter(), [text])
     assert any(isinstance(s, Result) for s in whole)
@@ -775,3 +784,78 @@ def test_fake_claude_usage_limit_and_garbage(tmp_path: Path) -> None:
     assert len([s for s in signals if isinstance(s, Malformed)]) == 1
     assert Activity("text", "Recovered.") in signals
     assert isinstance(signals[-1], Result) and signals[-1].ok
+
+
+def test_a_claude_run_replayed_after_a_restart_knows_its_final_result(tmp_path: Path) -> None:
+    from gridd.agents.output import OutputLog
+    from gridd.agents.watch import RunWatch
+
+    (tmp_path / "output.log").write_text(transcript("claude-permission.jsonl"))
+    log = OutputLog(tmp_path)
+    while log.poll(final=True):
+        pass
+    run = RunWatch(tmp_path, ClaudeAdapter())
+    run.replay(log.seq)
+    assert run.result is not None and run.result.ok
+    assert run.cost is not None and run.session_id == SID
+    # The permission was answered before the restart (its route is the adapter's own
+    # business): once that answer is known, the conversation is over.
+    assert run.adapter.ends_on_result
+
+
+def test_claude_continue_heartbeat_nudges_and_a_stall_nudge_can_be_turned_off() -> None:
+    from gridd.adapters.base import Nudge
+
+    beat_line = parse_beat('{"status": "continue", "message": "keep going"}')
+    assert beat_line is not None
+    assert Nudge("continue") in ClaudeAdapter().feed_heartbeat(beat_line)
+    assert ClaudeAdapter().stall_nudge() == "continue"
+    off = get_adapter("claude", options={"stall_nudge": False})
+    assert off.stall_nudge() is None
+    assert HeartbeatAdapter().stall_nudge() is None
+
+
+# -- transcripts captured from the real CLI (2.1.197, tests/transcripts/claude-real-*) --------
+
+#: A moment before the captured five-hour limit resets (its resetsAt is 1795451923).
+CAPTURED_AT = 1795448000.0
+
+
+def test_real_cli_five_hour_limit_is_one_rate_limit_from_its_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gridd.adapters import claude_limits
+
+    monkeypatch.setattr(claude_limits.time, "time", lambda: CAPTURED_AT)
+    adapter = ClaudeAdapter()
+    signals = feed(adapter, [transcript("claude-real-rate-limit-five-hour.jsonl")])
+    [limited] = [s for s in signals if isinstance(s, RateLimited)]
+    assert limited.resets_at == 1795451923.0  # the event's epoch, not the prose's minute
+    assert (limited.limit_type, limited.source) == ("five_hour", "rate_limit_event")
+    assert isinstance(signals[-1], Result) and not signals[-1].ok
+    assert adapter.idle()  # the prompt was replayed, the turn is over
+
+
+def test_real_cli_api_key_429_is_retried_then_parked_for_its_retry_after() -> None:
+    from gridd.adapters.base import Retrying
+
+    adapter = ClaudeAdapter()
+    before = time.time()
+    signals = feed(adapter, [transcript("claude-real-api-retry-429.jsonl")])
+    [retry] = [s for s in signals if isinstance(s, Retrying)]
+    assert (retry.attempt, retry.max_retries, retry.status, retry.delay) == (1, 1, 429, 1.0)
+    [limited] = [s for s in signals if isinstance(s, RateLimited)]
+    assert (limited.limit_type, limited.source) == ("api_key", "retry-after")
+    assert limited.resets_at is not None and before + 1 <= limited.resets_at <= time.time() + 1
+
+
+def test_real_cli_write_permission_offers_its_suggestion_and_then_ends() -> None:
+    adapter = ClaudeAdapter()
+    signals = feed(adapter, [transcript("claude-real-write-permission.jsonl")], every=True)
+    (ask,) = asks(signals)
+    assert ask.options == ["allow", "deny", ACCEPT_EDITS]
+    assert ModelName("claude-opus-4-8[1m]") in signals
+    assert [s for s in signals if isinstance(s, Usage)][-1].output_tokens > 0
+    assert not adapter.idle()  # its permission is still open
+    adapter.encode_answer(ask, "allow")
+    assert adapter.idle()  # answered, result seen, prompt replayed: the conversation is over

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -98,7 +99,13 @@ def test_beads_are_claimed_before_spawn_and_a_lost_claim_spawns_nothing(repo: Pa
         ]
         assert sorted(spawned) == ["bd-1", "bd-2"]
         calls = bd_calls(repo)
-        claims = [call[1] for call in calls if call[:1] == ["update"] and "--claim" in call]
+        claims = [
+            i
+            for call in calls
+            if call[:1] == ["update"] and "--claim" in call
+            for i in call[1:]
+            if not i.startswith("--")
+        ]
         assert sorted(claims) == ["bd-1", "bd-2", "bd-race"]
         assert all(call[-2:] == ["--limit", "0"] for call in calls if call[0] == "ready")
         wait_for(
@@ -115,9 +122,14 @@ def test_beads_are_claimed_before_spawn_and_a_lost_claim_spawns_nothing(repo: Pa
         assert str(bd_issue(repo, "bd-1")["close_reason"]).startswith("gridd:")
         # bd-race was claimed by a rival: gridd leaves it alone.
         assert bd_issue(repo, "bd-race")["assignee"] == "rival"
-        assert [call for call in bd_calls(repo) if "bd-race" in call] == [
-            ["update", "bd-race", "--claim", "--json"]
-        ]
+        # the worktree made while the lost claim was in flight is gone, branch and all
+        assert not (repo / ".grid" / "worktrees" / "bd-race").exists()
+        branches = subprocess.run(
+            ["git", "branch", "--list", "grid/bd-race"], cwd=repo, capture_output=True, text=True
+        ).stdout
+        assert branches.strip() == ""
+        race_calls = [call for call in bd_calls(repo) if "bd-race" in call]
+        assert len(race_calls) == 1 and "--claim" in race_calls[0]
         # Every write was one stock bd accepts: no error, no retry.
         assert not list(c.events(since=0, types=["beads.error"], read_timeout=1))
         lost = list(c.events(since=0, types=["beads.claim_lost"], read_timeout=1))
@@ -397,3 +409,30 @@ def test_a_new_bead_is_seen_through_the_file_watch_with_the_poll_off(repo: Path)
         wait_for(lambda: len(c.get("/tasks")) == 2, timeout=10, interval=0.01, message="watch")
         # only the watch ran bd ready: one run for the change (gridd's own files are ignored)
         assert sum(1 for call in bd_calls(repo) if call[0] == "ready") == readies + 1
+
+
+def test_claims_made_together_go_to_bd_in_one_call_and_each_learns_its_fate(
+    bd_dir: Path,
+) -> None:
+    import asyncio
+
+    from gridd.sources.beads_claim import ClaimBatcher
+
+    write_db(bd_dir, issues=[bead("a"), bead("b"), bead("r", race=True)])
+    command = [sys.executable, str(FAKE_BD)]
+
+    async def main() -> list[str | None]:
+        background = Background()
+        batcher = ClaimBatcher(lambda args: run_bd(command, args, cwd=bd_dir), background)
+        try:
+            return list(await asyncio.gather(*(batcher.claim(i) for i in ("a", "b", "r", "gone"))))
+        finally:
+            await background.stop()
+
+    a, b, r, gone = asyncio.run(main())
+    assert a is None and b is None
+    assert r == "issue already claimed by rival"
+    assert gone is not None and "no issue found" in gone
+    claims = [c for c in bd_calls(bd_dir) if c[0] == "update"]
+    assert claims == [["update", "a", "b", "r", "gone", "--claim", "--json"]]
+    assert read_issue(bd_dir, "a")["status"] == "in_progress"

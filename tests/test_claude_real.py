@@ -329,3 +329,25 @@ def test_a_question_pending_across_a_daemon_kill_is_answered_after_the_restart(
             agent = agent_of(c2, "crash")
             assert agent["costUsd"] > 0
             assert c2.get("/tasks/crash")["costUsd"] == pytest.approx(agent["costUsd"])
+
+
+def test_a_silent_claude_is_nudged_with_continue_before_any_stall_kill(
+    repo: Path, tmp_path: Path, api: StandIn
+) -> None:
+    setup(repo, tmp_path, api, scheduler={"stall_kill_seconds": 60})
+    config = (repo / ".grid" / "config.toml").read_text()
+    (repo / ".grid" / "config.toml").write_text(config + "stall_seconds = 2\n")
+    gate = threading.Event()
+    api.push(Turn(text="thinking for a long time", gate=gate))
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        start(c, "nudge")
+        [stalled] = wait_for_events(c, {"agent.stalled"}, 1, timeout=60)
+        [nudged] = wait_for_events(c, {"agent.nudged"}, 1, timeout=10)
+        assert nudged.data["text"] == "continue" and nudged.data["reason"] == "a stall"
+        assert nudged.id is not None and stalled.id is not None and nudged.id > stalled.id
+        gate.set()
+        wait_task_status(c, "nudge", "review", timeout=60)
+        texts = [t for r in api.turns() for t in user_texts_of(r)]
+        assert "continue" in texts or any("continue" in t for t in texts[1:])
+        assert agent_of(c, "nudge")["stopReason"] is None

@@ -40,7 +40,7 @@ def test_bash_script_loads_and_completes_subcommands(tmp_path: Path) -> None:
     script = tmp_path / "gridctl.bash"
     script.write_text(result.stdout)
     assert complete_in_bash(script, "gridctl", "met") == ["metrics"]
-    assert set(complete_in_bash(script, "gridctl", "d")) == {"daemon"}
+    assert set(complete_in_bash(script, "gridctl", "d")) == {"daemon", "doctor"}
     assert complete_in_bash(script, "gridctl", "daemon", "rest") == ["restart"]
     assert "--raw" in complete_in_bash(script, "gridctl", "metrics", "--r")
 

@@ -251,3 +251,19 @@ def test_a_large_plan_does_not_block_health(live: DaemonProc) -> None:
     # Parsing 20,000 YAML tasks takes seconds. On the loop it would hold every /health
     # until the plan was answered; off the loop they keep being answered meanwhile.
     assert answered >= 5, answered
+
+
+def test_openapi_documents_the_statuses_the_server_answers_with(live: DaemonProc) -> None:
+    doc = live.client().get("/openapi.json")
+    paths = doc["paths"]
+    created = paths["/tasks"]["post"]
+    assert "201" in created["responses"] and "200" not in created["responses"]
+    assert "413" in created["responses"] and "507" in created["responses"]
+    body = created["requestBody"]["content"]["application/json"]["schema"]
+    assert {"type": "array", "items": {"$ref": "#/components/schemas/TaskSpec"}} in body["oneOf"]
+    assert "201" in paths["/plans"]["post"]["responses"]
+    assert "application/yaml" in paths["/plans"]["post"]["requestBody"]["content"]
+    assert "202" in paths["/shutdown"]["post"]["responses"]
+    # and the server does answer with what is documented
+    status, _ = send(live.sock, "POST", "/tasks", '[{"title": "a"}, {"title": "b"}]')
+    assert status == 201

@@ -4,7 +4,11 @@
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from gridd.client import GridClient
@@ -58,3 +62,20 @@ def test_review_loop_and_finish_from_the_command_line(ws: Path) -> None:
     assert "p.txt" in out and "q.txt" in out and "merged tasks: p, q" in out
     assert "git merge --no-ff feature/cli" in out
     assert git(ws, "rev-parse", "main").strip() == main_before  # never merged into the base
+
+
+def test_the_demo_ends_with_the_feature_branch_holding_every_task() -> None:
+    env = {**os.environ, "GRID_EXAMPLE_DELAY": "0.05", "COLUMNS": "200"}
+    done = subprocess.run(
+        [sys.executable, "-m", "gridd.demo"], capture_output=True, text=True, env=env, timeout=240
+    )
+    where = re.search(r"cd (/tmp/gridd-demo-\S+)", done.stdout)
+    try:
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert "already held the work of scaffold, api, cli" in done.stdout
+        assert "demo-feature: one branch holding every task's work" in done.stdout
+        assert "gridd: merge task integration" in done.stdout
+        assert "12 files changed" in done.stdout
+    finally:
+        if where:
+            shutil.rmtree(where.group(1), ignore_errors=True)

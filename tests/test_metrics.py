@@ -168,3 +168,42 @@ def test_gridctl_metrics_prints_families_readably(repo: Path) -> None:
         raw = gridctl(repo, "--no-start", "metrics", "--raw")
         assert "# TYPE gridd_tasks gauge" in raw.stdout
         assert list(text_string_to_metric_families(raw.stdout))
+
+
+def test_background_parts_come_from_the_supervisor_when_there_is_one() -> None:
+    from types import SimpleNamespace
+    from typing import Any
+
+    from gridd.metrics import supervised_parts
+
+    background = SimpleNamespace(names=["scheduler", "agent:a1", "notifier"])
+    plain: Any = SimpleNamespace(background=background)
+    assert supervised_parts(plain) == {"scheduler": "up", "notifier": "up"}
+    part = SimpleNamespace(state="restarting")
+    supervised: Any = SimpleNamespace(
+        background=background,
+        supervisor=SimpleNamespace(states=lambda: {"scheduler": "up", "beads-poll": part}),
+    )
+    assert supervised_parts(supervised) == {"scheduler": "up", "beads-poll": "restarting"}
+
+
+def test_merges_are_counted_from_the_merge_queues_events(repo: Path) -> None:
+    write_core_config(
+        repo,
+        agents={"work": {"command": agent_command("trivial.py")}},
+        scheduler={"default_agent": "work", "stop_when_idle": False},
+    )
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        c.post("/plans", {"tasks": [{"id": "mg1", "title": "merged"}]})
+        c.post("/session/start", {"featureBranch": "feature/metrics", "maxAgents": 1})
+        wait_task_status(c, "mg1", "review")
+        c.post("/tasks/mg1/approve")
+        wait_task_status(c, "mg1", "done")
+        samples = wait_for(
+            lambda: (s := scrape(c)) and one(s, "gridd_merges_total") == 1 and s,
+            message="the merge to be counted",
+        )
+        assert one(samples, "gridd_merge_queue_depth") == 0
+        assert one(samples, "gridd_tasks", status="done") == 1
+        assert one(samples, "gridd_merge_conflicts_total") == 0

@@ -77,7 +77,16 @@ def test_radar_reports_overlap_and_predicted_conflict_then_clears_after_merge(
         c.post("/session/start", {"featureBranch": "feature/radar"})
         wait_task_status(c, "x", "review")
         wait_task_status(c, "y", "review")
-        found = wait_for(lambda: c.get("/conflicts")["conflicts"], timeout=10)
+        # An overlap shows as soon as both have written s.txt; the prediction needs both
+        # branches committed (merge-tree reads commits), which follows within a sweep.
+        found = wait_for(
+            lambda: (
+                (items := c.get("/conflicts")["conflicts"])
+                and items[0]["predictedConflict"]
+                and items
+            ),
+            timeout=10,
+        )
         assert found == [
             {
                 "id": "tasks:x+y",

@@ -94,6 +94,14 @@ class Retrying:
 
 
 @dataclass(frozen=True)
+class Nudge:
+    """Send the agent ``text`` as a follow-up now (a ``continue`` heartbeat for an agent
+    that takes messages, such as Claude: it goes on in the same session)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class Usage:
     """Tokens used so far in this run (replaces earlier reports)."""
 
@@ -132,6 +140,7 @@ Signal = (
     | Continue
     | RateLimited
     | Retrying
+    | Nudge
     | Usage
     | ModelName
     | ToolUse
@@ -153,6 +162,12 @@ class Adapter(Protocol):
     def extra_args(self, argv: list[str]) -> list[str]:
         """Arguments to append to the profile's command (e.g. the permission policy)."""
         return []
+
+    def stall_nudge(self) -> str | None:
+        """A message that may wake the agent when it has gone silent (sent once, as the
+        stall watchdog's first step; the agent is stopped only if it stays silent), or
+        None: this agent cannot be nudged."""
+        return None
 
     def encode_follow_up(self, text: str) -> str | None:
         """What to write to stdin to tell a working agent ``text`` unasked (ends with a

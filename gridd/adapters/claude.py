@@ -50,6 +50,7 @@ from gridd.adapters.base import (
     Cost,
     Malformed,
     ModelName,
+    Nudge,
     Result,
     SessionId,
     Signal,
@@ -65,6 +66,8 @@ MAX_LINE = 16 * 1024 * 1024  # a tool_result line may carry a whole file
 
 
 PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions")
+#: What a nudge says: Claude takes it as the next user message of the same session.
+NUDGE_TEXT = "continue"
 
 
 class ClaudeAdapter(Adapter):
@@ -80,7 +83,9 @@ class ClaudeAdapter(Adapter):
         permission_mode: str | None = None,
         allowed_tools: list[str] | None = None,
         disallowed_tools: list[str] | None = None,
+        stall_nudge: bool = True,
     ) -> None:
+        self._stall_nudge = stall_nudge
         self._permission_mode = permission_mode
         self._allowed = list(allowed_tools or [])
         self._disallowed = list(disallowed_tools or [])
@@ -134,7 +139,15 @@ class ClaudeAdapter(Adapter):
         return [signal for line in self._lines.flush() for signal in self._line(line)]
 
     def feed_heartbeat(self, beat: Beat) -> list[Signal]:
-        return [Activity(beat.label or beat.status, beat.message)]
+        """Heartbeats (e.g. from Claude Code hooks) are shown; ``continue`` nudges claude
+        on in the same session with a "continue" message."""
+        signals: list[Signal] = [Activity(beat.label or beat.status, beat.message)]
+        if beat.status == "continue":
+            signals.append(Nudge(NUDGE_TEXT))
+        return signals
+
+    def stall_nudge(self) -> str | None:
+        return NUDGE_TEXT if self._stall_nudge else None
 
     def auto_answer(self, ask: Ask) -> str | None:
         return None

@@ -5,7 +5,7 @@
                        command passes ``--permission-prompt-tool stdio``;
                        {"permission_mode"?: default|acceptEdits|plan|bypassPermissions,
                        "allowed_tools"?: [rule], "disallowed_tools"?: [rule]}, passed to
-                       the CLI
+                       the CLI; {"stall_nudge"?: bool (true)}: a stall first sends "continue"
     patterns           PatternsAdapter: {"pack": str, "auto_answer"?: {pattern id: response},
                        "send_prompt"?: bool}
 
@@ -37,7 +37,13 @@ def _plain(options: dict[str, Any]) -> Adapter:
 def _claude(options: dict[str, Any]) -> Adapter:
     _only(
         options,
-        {"permission_prompt_tool", "permission_mode", "allowed_tools", "disallowed_tools"},
+        {
+            "permission_prompt_tool",
+            "permission_mode",
+            "allowed_tools",
+            "disallowed_tools",
+            "stall_nudge",
+        },
         "claude",
     )
     tool = options.get("permission_prompt_tool")
@@ -52,7 +58,11 @@ def _claude(options: dict[str, Any]) -> Adapter:
             f"permission_mode is one of {', '.join(PERMISSION_MODES)}",
             details={"key": "permission_mode", "allowed": list(PERMISSION_MODES)},
         )
+    nudge = options.get("stall_nudge", True)
+    if not isinstance(nudge, bool):
+        raise ConfigError("stall_nudge is true or false", details={"key": "stall_nudge"})
     return ClaudeAdapter(
+        stall_nudge=nudge,
         permission_prompt_tool=tool,
         permission_mode=mode,
         allowed_tools=_tool_list(options, "allowed_tools"),

@@ -53,8 +53,23 @@ class RunWatch:
         #: process then exits says nothing, the result does.
         self.session_ended = False
         self.rate_limit_published = False
+        self.nudged = False  # a stall nudge was sent: the next stall step stops it
         #: Chunks indexed before a restart but never published: the next poll returns them.
         self.pending: list[Chunk] = []
+
+    def replay(self, upto: int) -> None:
+        """Feed the adapter the output already published before a daemon restart (chunks
+        up to ``upto``), noting what it says but publishing nothing: the adapter's view of
+        the conversation (a final result, the messages taken up) is then what it was."""
+        since = 0
+        while since < upto:
+            chunks = self.output.read_since(since, limit=min(1000, upto - since))
+            if not chunks:
+                return
+            for chunk in chunks:
+                for signal in self.adapter.feed_output(chunk.text):
+                    self._note(signal)
+            since = chunks[-1].seq
 
     def unread(self) -> bool:
         """True when the run's files hold something ``poll`` has not taken yet (or it has

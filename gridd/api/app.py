@@ -33,7 +33,7 @@ async def state(request: Request) -> Response:
     return Response(grid_of(request).state_json(), media_type="application/json")
 
 
-@table.add("POST", "/shutdown", summary="Graceful daemon shutdown")
+@table.add("POST", "/shutdown", summary="Graceful daemon shutdown", status=202)
 async def shutdown(request: Request) -> Response:
     grid = grid_of(request)
     # Answer first, then stop: the caller deserves to hear that we heard it.
@@ -61,7 +61,7 @@ def create_app(grid: Grid) -> Starlette:
     app = Starlette(
         routes=table.routes(),
         exception_handlers=EXCEPTION_HANDLERS,
-        middleware=[Middleware(RequestTimer, registry=grid.metrics.registry)],
+        middleware=[Middleware(RequestTimer, stats=grid.metrics.requests)],
     )
     app.state.grid = grid
     app.state.openapi = table.openapi()

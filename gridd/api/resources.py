@@ -101,8 +101,10 @@ async def list_tasks(request: Request) -> Response:
     "/tasks",
     summary="Create one task, or a list of tasks atomically",
     body=TaskSpec,
+    body_list=True,
     response=Task,
     response_list=True,
+    status=201,
 )
 async def create_tasks(request: Request) -> Response:
     data = await read_json(request)
@@ -221,7 +223,9 @@ async def _plan_body(request: Request) -> PlanSpec:
     "/plans",
     summary="Load many tasks with dependencies at once, atomically (JSON or YAML)",
     body=PlanSpec,
+    body_types=("application/json", "application/yaml"),
     response=Waves,
+    status=201,
 )
 async def apply_plan(request: Request) -> Response:
     plan = await _plan_body(request)

@@ -35,6 +35,9 @@ class Endpoint:
     response_list: bool = False
     query: dict[str, str] = field(default_factory=dict)
     content_type: str = "application/json"
+    status: int = 200  # the success status the handler answers with
+    body_list: bool = False  # the body may also be a list of ``body``
+    body_types: tuple[str, ...] = ("application/json",)
 
 
 class RouteTable:
@@ -52,6 +55,9 @@ class RouteTable:
         response_list: bool = False,
         query: dict[str, str] | None = None,
         content_type: str = "application/json",
+        status: int = 200,
+        body_list: bool = False,
+        body_types: tuple[str, ...] = ("application/json",),
     ) -> Callable[[Handler], Handler]:
         def register(handler: Handler) -> Handler:
             self.endpoints.append(
@@ -65,6 +71,9 @@ class RouteTable:
                     response_list=response_list,
                     query=query or {},
                     content_type=content_type,
+                    status=status,
+                    body_list=body_list,
+                    body_types=body_types,
                 )
             )
             return handler
@@ -94,24 +103,41 @@ class RouteTable:
                 op["parameters"] = params
             if ep.body is not None:
                 models[ep.body.__name__] = ep.body
+                body_schema: dict[str, Any] = _ref(ep.body)
+                if ep.body_list:
+                    body_schema = {"oneOf": [body_schema, {"type": "array", "items": body_schema}]}
                 op["requestBody"] = {
                     "required": True,
-                    "content": {"application/json": {"schema": _ref(ep.body)}},
+                    "content": {t: {"schema": body_schema} for t in ep.body_types},
                 }
             ok: dict[str, Any] = {"description": "OK"}
             if ep.response is not None:
                 models[ep.response.__name__] = ep.response
                 schema: dict[str, Any] = _ref(ep.response)
-                if ep.response_list:
+                if ep.response_list and ep.body_list:
+                    schema = {"oneOf": [schema, {"type": "array", "items": schema}]}
+                elif ep.response_list:
                     schema = {"type": "array", "items": schema}
                 ok["content"] = {ep.content_type: {"schema": schema}}
             elif ep.content_type != "application/json":
                 ok["content"] = {ep.content_type: {"schema": {"type": "string"}}}
-            op["responses"]["200"] = ok
-            op["responses"]["4XX"] = {
-                "description": "Client error",
-                "content": {"application/json": {"schema": _ref(ErrorBody)}},
-            }
+            op["responses"][str(ep.status)] = ok
+            error = {"application/json": {"schema": _ref(ErrorBody)}}
+            op["responses"]["4XX"] = {"description": "Client error", "content": error}
+            if ep.body is not None:
+                op["responses"]["413"] = {
+                    "description": "Body over 32 MiB (the connection is closed)",
+                    "content": error,
+                }
+            if ep.method != "GET":
+                op["responses"]["503"] = {
+                    "description": "The state database cannot be used right now",
+                    "content": error,
+                }
+                op["responses"]["507"] = {
+                    "description": "The disk is full or read-only: nothing was recorded",
+                    "content": error,
+                }
             paths.setdefault(_openapi_path(ep.path), {})[ep.method.lower()] = op
         schemas: dict[str, Any] = {}
         for name, model in models.items():

@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -33,7 +34,6 @@ from gridd.cli.doctor_checks import (
 from gridd.client import GridClient
 from gridd.errors import GriddError
 from gridd.settings import Settings, load_settings
-from gridd.statecheck import check_state
 from gridd.workspace import Workspace, find_workspace
 
 MARKS = {"ok": "  ok ", "warn": " warn", "fail": " FAIL"}
@@ -136,22 +136,45 @@ def check_pid_and_lock(ws: Workspace, answering_pid: int | None) -> list[Check]:
 
 
 def check_database(ws: Workspace) -> Check:
-    report = check_state(ws.db_path)
-    if report.problem is not None:
+    """Asks the installed ``gridd --check-state`` (read-only), as an upgrade does: the
+    client side never opens the daemon's database code itself."""
+    argv = [
+        sys.executable,
+        "-m",
+        "gridd.cli.gridd_main",
+        "--check-state",
+        "--workspace",
+        str(ws.root),
+    ]
+    try:
+        result = subprocess.run(
+            argv, capture_output=True, text=True, timeout=120, check=False, stdin=subprocess.DEVNULL
+        )
+        report = json.loads(result.stdout)
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
+        return Check(
+            "database",
+            "fail",
+            f"gridd --check-state did not answer: {exc}",
+            "run it by hand: gridd --check-state",
+        )
+    if report.get("problem"):
+        newer = (report.get("schema") or 0) > report.get("supported_schema", 0)
         fix = (
             "upgrade gridd (the database was written by a newer one)"
-            if report.schema is not None and report.schema > report.supported_schema
+            if newer
             else "stop gridd and start it again: it moves an unreadable database aside"
             " (gridd.db.corrupt-<time>) and starts afresh; see docs/operations.md"
         )
-        return Check("database", "fail", report.problem, fix)
-    if not report.exists:
+        return Check("database", "fail", str(report["problem"]), fix)
+    if not report.get("exists"):
         return Check("database", "ok", "no database yet (created at first start)")
-    counts = ", ".join(f"{v} {k}" for k, v in report.counts.items())
+    counts = ", ".join(f"{v} {k}" for k, v in report.get("counts", {}).items())
     return Check(
         "database",
         "ok",
-        f"quick_check ok, schema {report.schema} (this gridd: {report.supported_schema}); {counts}",
+        f"quick_check ok, schema {report.get('schema')}"
+        f" (this gridd: {report.get('supported_schema')}); {counts}",
     )
 
 

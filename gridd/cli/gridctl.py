@@ -4,7 +4,8 @@ Every subcommand is a ``Command`` in ``COMMANDS`` (see ``gridd.cli.context``): a
 a function that adds its flags to its subparser, and a function that runs it with a
 ``Context``. Commands live by concept: ``tasks_cmd`` (task), ``plan_cmd`` (plan),
 ``session_cmd`` (session, agents, agent), ``questions_cmd`` (questions, answer, respond),
-``logs``, ``events_cmd``, ``watch`` (status --watch); status and daemon are here. Adding one
+``logs``, ``events_cmd``, ``watch`` (status --watch), ``metrics_cmd``, ``service_cmd``
+(service), ``doctor``, ``completion``, ``upgrade`` (daemon upgrade); status and daemon are here. Adding one
 means one ``COMMANDS`` entry. ``render`` and ``render_tasks`` format what they print.
 
 Exit codes: 0 ok, 1 error (any GriddError, printed as ``gridctl: <message> [<code>]``, then
@@ -45,6 +46,7 @@ from gridd.cli.questions_cmd import ANSWER, QUESTIONS, RESPOND
 from gridd.cli.service_cmd import SERVICE
 from gridd.cli.session_cmd import AGENT, AGENTS, SESSION
 from gridd.cli.tasks_cmd import TASK
+from gridd.cli.trust_cmd import TRUST
 from gridd.errors import DaemonUnreachable, GriddError
 from gridd.model import ConflictItem
 
@@ -156,6 +158,7 @@ COMMANDS: dict[str, Command] = {
     "completion": COMPLETION,
     "service": SERVICE,
     "doctor": DOCTOR,
+    "trust": TRUST,
     "daemon": Command(
         help="start, stop, restart or check the workspace daemon",
         description="Manage the gridd process of this workspace. 'start' runs it detached;"

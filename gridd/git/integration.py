@@ -49,6 +49,17 @@ class Integration:
         self.worktrees = worktrees
         self.root = worktrees.root
         self.path = path
+        #: Untracked files may lie around (a check ran, a merge failed, or we just started).
+        self._untidy = True
+
+    def _git_dir(self) -> Path | None:
+        """The worktree's own git directory (``.git`` is a ``gitdir:`` file)."""
+        try:
+            text = (self.path / ".git").read_text()
+        except OSError:
+            return None
+        gitdir = Path(text.removeprefix("gitdir:").strip())
+        return gitdir if gitdir.is_absolute() else self.path / gitdir
 
     async def reset(self, tip: str) -> None:
         """The worktree, clean and detached at ``tip`` (created when missing)."""
@@ -57,12 +68,22 @@ class Integration:
             if self.path.exists() and not any(self.path.iterdir()):
                 self.path.rmdir()
             await git(self.root, "worktree", "add", "--detach", "--", str(self.path), tip)
+            self._untidy = False
             return
-        for abort in (("merge", "--abort"), ("rebase", "--abort"), ("cherry-pick", "--abort")):
-            await git(self.path, *abort, check=False)
-        await git(self.path, "reset", "-q", "--hard")
-        await git(self.path, "clean", "-q", "-fdx")
-        await git(self.path, "checkout", "-q", "--detach", tip, "--")
+        gitdir = self._git_dir()
+        for marker, abort in (
+            ("MERGE_HEAD", "merge"),
+            ("rebase-merge", "rebase"),
+            ("rebase-apply", "rebase"),
+            ("CHERRY_PICK_HEAD", "cherry-pick"),
+        ):
+            if gitdir is None or (gitdir / marker).exists():
+                await git(self.path, abort, "--abort", check=False)
+        # HEAD is always detached here: a hard reset moves it to tip and cleans the index.
+        await git(self.path, "reset", "-q", "--hard", tip, "--")
+        if self._untidy:
+            await git(self.path, "clean", "-q", "-fdx")
+            self._untidy = False
 
     async def head(self) -> str:
         return (await git(self.path, "rev-parse", "--verify", "HEAD^{commit}")).out.strip()
@@ -85,6 +106,7 @@ class Integration:
             res = await git(self.path, *identity, "rebase", "-q", tip, check=False)
             if res.code != 0:
                 files = await self.unmerged()
+                self._untidy = True
                 await self.reset(tip)
                 return Conflicted(files or ["(rebase failed)"])
             return Merged(await self.head())
@@ -92,6 +114,7 @@ class Integration:
             res = await git(self.path, *identity, "merge", "-q", "--squash", ref, check=False)
             if res.code != 0:
                 files = await self.unmerged()
+                self._untidy = True
                 await self.reset(tip)
                 return Conflicted(files or ["(merge failed)"])
             staged = await git(self.path, "diff", "--cached", "--quiet", check=False)
@@ -113,12 +136,14 @@ class Integration:
         )
         if res.code != 0:
             files = await self.unmerged()
+            self._untidy = True
             await self.reset(tip)
             return Conflicted(files or ["(merge failed)"])
         return Merged(await self.head())
 
     async def check(self, argv: list[str], timeout: float) -> CheckResult:
         """Run the gate command on the merged result in this worktree."""
+        self._untidy = True  # it may leave build products behind
         proc = await asyncio.create_subprocess_exec(
             *argv,
             cwd=str(self.path),

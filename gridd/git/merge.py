@@ -90,6 +90,7 @@ class MergeQueue:
         self._wake = asyncio.Event()
         self.current: str | None = None  # the task being merged
         self._retry_at: dict[str, float] = {}
+        self._teardowns: list[str] = []  # merged tasks whose worktree is yet to go
         state.on_change(self._wake.set)
 
     def start(self) -> None:
@@ -102,6 +103,10 @@ class MergeQueue:
             queued = queue_order(list(self.state.tasks.values()))
             due = [t for t in queued if self._retry_at.get(t.id, 0.0) <= now]
             if not due:
+                # Teardown waits for a quiet queue: it is housekeeping, not the merge's cost.
+                if self._teardowns:
+                    await self._teardown(self._teardowns.pop(0))
+                    continue  # look at the queue again between two teardowns
                 self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), 1.0 if queued else 30.0)
@@ -113,7 +118,7 @@ class MergeQueue:
             try:
                 await self.merge_one(task)
                 self._retry_at.pop(task.id, None)
-                await self._teardown(task.id)
+                self._teardowns.append(task.id)
             except Exception as exc:  # not CancelledError: a stopping daemon resumes it later
                 message = exc.message if isinstance(exc, GriddError) else repr(exc)
                 log.warning("merging task %s: %s; trying again shortly", task.id, message)
@@ -157,7 +162,10 @@ class MergeQueue:
                     await self.policy.check_failed(task, output=check.output, feature_commit=tip)
                     return
             new = result.commit
-            if new != tip and not await self._reachable(tip, new):
+            # merge and squash commit on top of tip; a rebase could end elsewhere (an
+            # up-to-date branch): never move F to a commit that drops anything of it.
+            rebased = self.settings.strategy == "rebase"
+            if rebased and new != tip and not await self._reachable(tip, new):
                 raise GriddError(
                     f"the merge of {task.id} does not contain the feature branch's tip",
                     code="merge_not_descendant",

@@ -123,24 +123,27 @@ class Radar:
         live = {t.id: t for t in self.state.tasks.values() if t.status in LIVE and t.branch}
         for gone in set(self.seen) - set(live):
             del self.seen[gone]
+        if not live and not self.items:
+            return
+        heads = await self._heads()
         now = time.monotonic()
         for task in live.values():
-            await self._look(task, now)
+            await self._look(task, heads.get(task.branch or ""), now)
         feature = self.state.session.feature_branch
-        tip = await self._tip(feature) if feature else None
+        tip = heads.get(feature) if feature else None
         landed: dict[str, frozenset[str]] = {}
         if tip is not None:
             for task in live.values():
-                head = self.seen[task.id].head
-                if head is not None and task.base_commit != tip:
-                    landed[task.id] = await self._landed_files(head, tip)
+                seen = self.seen[task.id]
+                if seen.head is not None and seen.files and task.base_commit != tip:
+                    landed[task.id] = await self._landed_files(seen.head, tip)
         found: dict[str, ConflictItem] = {}
         for kind, ids, files in overlaps(self.changed(), landed):
-            heads = [self.seen[i].head for i in ids]
-            other = tip if kind == "feature" else heads[1] if len(heads) > 1 else None
+            pair = [self.seen[i].head for i in ids]
+            other = tip if kind == "feature" else pair[1] if len(pair) > 1 else None
             predicted = None
-            if heads[0] and other:
-                predicted = await self._predict(heads[0], other)
+            if pair[0] and other:
+                predicted = await self._predict(pair[0], other)
             item = ConflictItem(
                 id=item_id(kind, ids),
                 kind=kind,
@@ -172,11 +175,25 @@ class Radar:
         if changed:
             self.state.touch()  # the hold policy may release (or hold) a task
 
-    async def _look(self, task: Task, now: float) -> None:
+    async def _heads(self) -> dict[str, str]:
+        """Every branch's commit, in one git call."""
+        res = await git(
+            self.root,
+            "for-each-ref",
+            "--format=%(objectname) %(refname:strip=2)",
+            "refs/heads/",
+            check=False,
+        )
+        heads: dict[str, str] = {}
+        for line in res.out.splitlines():
+            sha, _, name = line.partition(" ")
+            heads[name] = sha
+        return heads
+
+    async def _look(self, task: Task, head: str | None, now: float) -> None:
         seen = self.seen.setdefault(task.id, Seen(quiet_rescanned=False))
         agent = self.state.agent_for_task(task.id)
         activity = (agent.id, agent.output_seq, agent.last_heartbeat) if agent else None
-        head = await self._tip(task.branch or "")
         due = now - seen.scanned >= self.period
         if seen.scanned == 0.0 or head != seen.head:
             scan = True

@@ -25,6 +25,7 @@ from gridd.ids import task_id_problem
 from gridd.model import Task, TaskStatus, utcnow
 from gridd.settings import BeadsSettings
 from gridd.sources.bd import BdError, BdResult, run_bd
+from gridd.sources.beads_claim import ClaimBatcher
 from gridd.sources.beads_mirror import BeadWriter, mirror_writes
 from gridd.sources.beads_watch import watch_beads
 from gridd.state import GridState
@@ -101,6 +102,7 @@ class BeadsSource:
         self.writer = BeadWriter(
             run=lambda args: self.bd(*args), bus=bus, background=background, settings=settings
         )
+        self.claims = ClaimBatcher(lambda args: self.bd(*args), background)
         #: The status last mirrored onto each bead (so a status is written once).
         self._shown: dict[str, str] = {}
         #: Beads whose claim gridd holds (a cancelled task gives its bead back).
@@ -193,18 +195,15 @@ class BeadsSource:
     async def claim(self, task: Task) -> bool:
         """Claim the bead before its agent starts; False when someone else holds it."""
         try:
-            res = await self.bd("update", task.id, "--claim", "--json")
+            lost = await self.claims.claim(task.id)
         except BdError as exc:
             self.bus.publish("beads.error", {"error": str(exc), "taskId": task.id})
             raise
-        if res.code == 0:
+        if lost is None:
             self._claimed.add(task.id)
             self._shown[task.id] = TaskStatus.WORKING
             return True
-        self.bus.publish(
-            "beads.claim_lost",
-            {"taskId": task.id, "exitCode": res.code, "message": res.message[:300]},
-        )
+        self.bus.publish("beads.claim_lost", {"taskId": task.id, "message": lost[:300]})
         return False
 
     # -- mirroring transitions back ----------------------------------------------------------

@@ -71,13 +71,11 @@ function writeConfig(root, profiles, scheduler = {}, stateHome) {
   fs.writeFileSync(path.join(grid, "config.toml"), text);
   // A repo config that names commands must be trusted (gridd/trust.py) when this gridd has trust.
   try {
-    const help = execFileSync(PYTHON, ["-m", "gridd.cli.gridctl", "--help"], { cwd: REPO, encoding: "utf8" });
-    if (/\btrust\b/.test(help)) {
-      execFileSync(PYTHON, ["-m", "gridd.cli.gridctl", "trust"], { cwd: root, env: { ...process.env, XDG_STATE_HOME: stateHome }, stdio: "pipe" });
-    }
-  } catch (e) {
-    console.log(`note: gridctl trust: ${String(e).split("\n")[0]}`);
+    execFileSync(PYTHON, ["-m", "gridd.cli.gridctl", "trust", "--help"], { cwd: REPO, stdio: "pipe" });
+  } catch {
+    return; // this gridd has no trust yet: its config is used as it is
   }
+  execFileSync(PYTHON, ["-m", "gridd.cli.gridctl", "--workspace", root, "trust"], { cwd: root, env: { ...process.env, XDG_STATE_HOME: stateHome }, stdio: "pipe" });
 }
 
 const agent = (script, ...args) => [PYTHON, path.join(AGENTS, script), ...args];

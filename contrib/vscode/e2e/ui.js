@@ -39,14 +39,14 @@ async function runUi(out) {
     await waitFor(async () => {
       await page.keyboard.press("Escape");
       await page.keyboard.press("F1");
-      await page.locator(".quick-input-widget input").waitFor({ timeout: 3000 });
+      await page.locator(".quick-input-widget input").waitFor({ timeout: 8000 });
       await page.keyboard.type(command);
-      await page.locator(".quick-input-list .monaco-list-row", { hasText: command.replace(/^Gridd: /, "") }).first().waitFor({ timeout: 3000 });
+      await page.locator(".quick-input-list .monaco-list-row", { hasText: command.replace(/^Gridd: /, "") }).first().waitFor({ timeout: 8000 });
       await page.keyboard.press("Enter");
       if (!pick) return true;
-      await page.locator(".quick-input-list .monaco-list-row", { hasText: pick }).first().waitFor({ timeout: 3000 });
+      await page.locator(".quick-input-list .monaco-list-row", { hasText: pick }).first().waitFor({ timeout: 8000 });
       return true;
-    }, `the palette to run ${command}`, 20000, 300);
+    }, `the palette to run ${command}`, 45000, 300);
   };
   const choose = async (label) => {
     const input = page.locator(".quick-input-widget input");
@@ -168,10 +168,10 @@ async function runUi(out) {
       await api(sock, "POST", "/tasks/ask3/start");
       const toast = page.locator(".notification-toast", { hasText: "(ask3) asks: Which color?" }).first();
       await toast.waitFor({ timeout: 20000 });
-      await view.getByText("Which color?").first().waitFor({ timeout: 5000 });
+      await view.getByText("Which color?").first().waitFor({ timeout: 15000 });
       const q = (await api(sock, "GET", "/questions")).find((x) => x.taskId === "ask3");
       await api(sock, "POST", `/questions/${q.id}/answer`, { response: "red" }); // as gridctl would
-      await toast.waitFor({ state: "hidden", timeout: 10000 });
+      await toast.waitFor({ state: "hidden", timeout: 15000 });
       await waitFor(async () => !(await view.getByText("Which color?").first().isVisible()), "the question to leave the view", 10000);
     });
 

@@ -3,31 +3,59 @@
 # Debian's chromium (+ libkrb5-dev for code-server's kerberos module), the extension's pinned
 # dev dependencies, and the pinned e2e dependencies (code-server 4.100.3, playwright-core).
 # Facts behind each step: ../shared/EDITOR-TESTING.md.
+#
+# The npm trees are installed once per machine into a cache keyed by the pinned versions
+# ($GRIDD_VSCODE_CACHE, default ~/.cache/gridd-vscode) and linked as node_modules, so several
+# checkouts (worktrees) share one 300 MB install instead of compiling it each.
 set -eu
 here=$(cd "$(dirname "$0")/.." && pwd)
-# One installer at a time (make test runs pytest workers in parallel).
-exec 9>"${TMPDIR:-/tmp}/gridd-vscode-setup.lock"
+cache="${GRIDD_VSCODE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gridd-vscode}"
+mkdir -p "$cache"
+# One installer at a time (make test runs pytest workers in parallel; checkouts share the cache).
+exec 9>"$cache/.lock"
 flock 9
+
 if ! command -v chromium >/dev/null 2>&1 || ! dpkg -s libkrb5-dev >/dev/null 2>&1; then
   if [ "$(id -u)" != 0 ]; then
     echo "vscode tests need: apt-get install chromium libkrb5-dev (run as root)" >&2; exit 1
   fi
   apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium libkrb5-dev
 fi
-if [ ! -x "$here/node_modules/.bin/tsc" ] || [ ! -x "$here/node_modules/.bin/esbuild" ] || [ ! -x "$here/node_modules/.bin/vsce" ]; then
-  (cd "$here" && npm install --no-audit --no-fund --no-save --loglevel=error)
-fi
-if [ ! -x "$here/e2e/node_modules/.bin/code-server" ] || [ ! -d "$here/e2e/node_modules/playwright-core" ]; then
-  # @vscode/ripgrep (pinned 1.15.11 in code-server's lib/vscode) downloads rg from api.github.com
-  # in its postinstall unless its cache already holds the archive: fill it from npm.
-  RGCACHE="${TMPDIR:-/tmp}/vscode-ripgrep-cache-1.15.11"
-  RGTGZ="$RGCACHE/ripgrep-v13.0.0-10-x86_64-unknown-linux-musl.tar.gz"
-  if [ ! -s "$RGTGZ" ]; then
-    d=$(mktemp -d)
-    (cd "$d" && npm pack -q @vscode/ripgrep-linux-x64@1.18.0 >/dev/null && tar xzf vscode-ripgrep-linux-x64-1.18.0.tgz)
-    mkdir -p "$RGCACHE" && tar czf "$RGTGZ" -C "$d/package/bin" rg && rm -rf "$d"
+
+# link DIR BIN...: make DIR/node_modules the cached install of DIR/package.json's devDependencies.
+link() {
+  dir=$1; shift
+  ok=1
+  for bin in "$@"; do [ -e "$dir/node_modules/.bin/$bin" ] || ok=0; done
+  [ $ok = 1 ] && return 0
+  key=$(node -e 'const p=require(process.argv[1]);process.stdout.write(JSON.stringify([p.devDependencies,p.allowScripts||{}]))' "$dir/package.json" | sha256sum | cut -c1-16)
+  target="$cache/$(basename "$dir")-$key"
+  ok=1
+  for bin in "$@"; do [ -e "$target/node_modules/.bin/$bin" ] || ok=0; done
+  if [ $ok = 0 ]; then
+    rm -rf "$target" && mkdir -p "$target" && cp "$dir/package.json" "$target/"
+    install_into "$target"
+  fi
+  rm -rf "$dir/node_modules"
+  ln -s "$target/node_modules" "$dir/node_modules"
+}
+
+install_into() {
+  if grep -q code-server "$1/package.json"; then
+    # @vscode/ripgrep (pinned 1.15.11 in code-server's lib/vscode) downloads rg from api.github.com
+    # in its postinstall unless its cache already holds the archive: fill it from npm.
+    RGCACHE="${TMPDIR:-/tmp}/vscode-ripgrep-cache-1.15.11"
+    RGTGZ="$RGCACHE/ripgrep-v13.0.0-10-x86_64-unknown-linux-musl.tar.gz"
+    if [ ! -s "$RGTGZ" ]; then
+      d=$(mktemp -d)
+      (cd "$d" && npm pack -q @vscode/ripgrep-linux-x64@1.18.0 >/dev/null && tar xzf vscode-ripgrep-linux-x64-1.18.0.tgz)
+      mkdir -p "$RGCACHE" && tar czf "$RGTGZ" -C "$d/package/bin" rg && rm -rf "$d"
+    fi
   fi
   # yes: node-pty runs `npx node-gyp` (a ~/.npmrc with yes=false cancels it);
   # unsafe_perm: code-server's postinstall refuses to run as root without it.
-  (cd "$here/e2e" && npm_config_yes=true npm_config_unsafe_perm=true npm install --no-audit --no-fund --no-save --loglevel=error)
-fi
+  (cd "$1" && npm_config_yes=true npm_config_unsafe_perm=true npm install --no-audit --no-fund --loglevel=error)
+}
+
+link "$here" tsc esbuild vsce
+link "$here/e2e" code-server

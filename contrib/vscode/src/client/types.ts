@@ -23,6 +23,8 @@ export interface Task {
   resumeAt?: string | null;
   waitingSince?: string | null;
   changedFiles?: string[];
+  mergeConflict?: string[];
+  baseCommit?: string | null;
   updatedAt?: string;
   [key: string]: unknown;
 }
@@ -68,13 +70,20 @@ export interface RepoState {
   agents: Agent[];
   pendingQuestions: Question[];
   stats: Record<string, number>;
+  conflicts?: Conflict[];
   daemon: { version?: string; apiVersion?: number; lastEventId?: number; workspace?: string; [key: string]: unknown };
   [key: string]: unknown;
 }
 
+/** One finding of gridd's conflict radar (`GET /conflicts`, `RepoState.conflicts`). */
 export interface Conflict {
-  files: string[];
+  id?: string;
+  /** "tasks": two live tasks change the same files; "feature": a task and what landed. */
+  kind?: string;
   tasks?: string[];
+  files: string[];
+  predictedConflict?: boolean;
+  conflictFiles?: string[];
   [key: string]: unknown;
 }
 

@@ -29,7 +29,7 @@ export class FolderConnection implements vscode.Disposable {
   readonly receivedIds: number[] = [];
   /** The id of the first snapshot this window received; events after it arrive one by one. */
   firstSnapshotId: number | undefined;
-  conflicts: Conflict[] = [];
+  private fetchedConflicts: Conflict[] = [];
   skew: Skew | undefined;
   /** Set once the user has been told the daemon is not running (asked once per folder). */
   offeredStart = false;
@@ -115,11 +115,16 @@ export class FolderConnection implements vscode.Disposable {
     try {
       const body = await this.call<unknown>("GET", "/conflicts");
       const list = Array.isArray(body) ? body : (body as { conflicts?: unknown })?.conflicts;
-      this.conflicts = Array.isArray(list) ? (list as Conflict[]) : [];
+      this.fetchedConflicts = Array.isArray(list) ? (list as Conflict[]) : [];
       this.changed.fire();
     } catch {
-      this.conflicts = []; // an older gridd without the conflict radar
+      this.fetchedConflicts = []; // an older gridd without the conflict radar
     }
+  }
+
+  /** The conflict radar's findings: from the latest snapshot when it carries them, else /conflicts. */
+  get conflicts(): Conflict[] {
+    return Array.isArray(this.store.state.conflicts) ? this.store.state.conflicts : this.fetchedConflicts;
   }
 
   private scheduleRefresh(): void {

@@ -37,7 +37,11 @@ export function gitUri(root: string, rev: string, file: string): vscode.Uri {
 /** Open one file of the diff; returns the title of the editor it opened. */
 export async function openFileDiff(conn: FolderConnection, diff: TaskDiff, file: string, worktree: string | null | undefined): Promise<string> {
   const left = gitUri(conn.root, diff.base, file);
-  const wtFile = worktree ? path.resolve(conn.root, worktree, file) : undefined;
+  // The worktree (editable, current) while the task is still its agent's; its head commit
+  // once it is approved, since the merge queue may remove the worktree.
+  const status = conn.store.task(diff.taskId)?.status;
+  const live = status === "working" || status === "review";
+  const wtFile = worktree && live ? path.resolve(conn.root, worktree, file) : undefined;
   const right = wtFile && fs.existsSync(wtFile) ? vscode.Uri.file(wtFile) : gitUri(conn.root, diff.head, file);
   const title = `${path.basename(file)} (${diff.taskId}: ${diff.base.slice(0, 7)} ↔ ${diff.head.slice(0, 7)})`;
   await vscode.commands.executeCommand("vscode.diff", left, right, title, { preview: false });

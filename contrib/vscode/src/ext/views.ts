@@ -139,6 +139,7 @@ function taskDetails(conn: FolderConnection, t: Task): Node[] {
   if (t.error) out.push(info("last error", t.error, "error"));
   if (t.branch) out.push(info("branch", t.branch, "git-branch"));
   if (t.changedFiles?.length) out.push(info("changed", t.changedFiles.join(", "), "diff"));
+  if (t.mergeConflict?.length) out.push(info("merge conflict", t.mergeConflict.join(", "), "git-merge"));
   if (t.costUsd) out.push(info("cost", money(t.costUsd), "credit-card"));
   return out;
 }
@@ -213,9 +214,16 @@ export const buildMerges: Build = (conn) => {
     .filter((t) => t.status === "merging")
     .map((task): Node => ({ kind: "task", conn, task }));
   for (const c of conn.conflicts) {
-    const files = Array.isArray(c.files) ? c.files.join(", ") : "";
-    const tasks = Array.isArray(c.tasks) ? c.tasks.join(" ↔ ") : "";
-    out.push({ kind: "info", conn, label: `overlap: ${tasks || "tasks"}`, description: files, icon: "git-compare" });
+    const who = c.kind === "feature" ? `${(c.tasks ?? []).join(", ")} ↔ feature branch` : (c.tasks ?? []).join(" ↔ ");
+    const predicted = c.predictedConflict ? ` · conflict predicted in ${(c.conflictFiles ?? c.files).join(", ")}` : "";
+    out.push({
+      kind: "info",
+      conn,
+      label: `overlap: ${who || "tasks"}`,
+      description: `${c.files.join(", ")}${predicted}`,
+      icon: c.predictedConflict ? "warning" : "git-compare",
+      tooltip: `${c.kind ?? "tasks"}: both change ${c.files.join(", ")}${predicted}`,
+    });
   }
   return out;
 };

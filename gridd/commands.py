@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from gridd.errors import Conflict, NotFound, ValidationFailed
+from gridd.faults import crash_point
 from gridd.git import feature
 from gridd.git.conflicts import merge_asker
 from gridd.ids import new_task_id, task_id_problem
+from gridd.lifecycle import intend_stop, move_task, task_can_move
 from gridd.model import Agent, AgentStatus, Question, SessionState, Task, TaskStatus, utcnow
 from gridd.plan import graph_problems, readiness, undone_dependencies, waves
 from gridd.pool import AgentPool
@@ -158,17 +160,31 @@ class Commands:
             if problems:
                 raise ValidationFailed(problems[0].message, code=f"plan_{problems[0].kind}")
             if task.status == TaskStatus.READY:
-                changes["status"] = TaskStatus.PENDING  # the scheduler re-derives readiness
+                # The scheduler re-derives readiness from the new dependencies.
+                updated = move_task(
+                    self.state,
+                    task_id,
+                    TaskStatus.PENDING,
+                    reason="dependencies changed",
+                    **changes,
+                )
+                self.state.flush()
+                return updated
         updated = self.state.update_task(task_id, **changes)
         self.state.flush()
         return updated
 
     def cancel_task(self, task_id: str) -> Task:
         task = self.task(task_id)
-        if task.status in (TaskStatus.DONE, TaskStatus.CANCELLED):
+        if task.status == TaskStatus.CANCELLED or not task_can_move(
+            task.status, TaskStatus.CANCELLED
+        ):
             raise Conflict(f"task {task_id!r} is already {task.status.value}", code="task_finished")
-        updated = self.state.update_task(task_id, status=TaskStatus.CANCELLED, error="cancelled")
+        updated = move_task(
+            self.state, task_id, TaskStatus.CANCELLED, reason="cancelled by user", error="cancelled"
+        )
         self.state.flush()
+        crash_point(self.settings, "intent.recorded")
         return updated
 
     def start_task(self, task_id: str) -> Task:
@@ -187,13 +203,15 @@ class Commands:
                 code="dependencies_not_done",
                 details={"dependencies": missing},
             )
-        changes: dict[str, Any] = {"status": TaskStatus.WORKING, "error": None}
+        changes: dict[str, Any] = {"error": None, "backoff_until": None}
         if task.status in (TaskStatus.FAILED, TaskStatus.BLOCKED):
             changes.update(attempts=0, sessions=0, summary=None)
         elif task.status == TaskStatus.RATE_LIMITED:
             changes.update(resume_at=None)  # it continues the parked session's work
         self.pool.not_before.pop(task_id, None)
-        updated = self.state.update_task(task_id, **changes)
+        updated = move_task(
+            self.state, task_id, TaskStatus.WORKING, reason="started by user", **changes
+        )
         self.state.flush()
         return updated
 
@@ -203,11 +221,12 @@ class Commands:
             raise Conflict(
                 f"task {task_id!r} is {task.status.value}, not working", code="task_not_working"
             )
-        updated = self.state.update_task(task_id, status=TaskStatus.READY)
+        updated = move_task(self.state, task_id, TaskStatus.READY, reason="stopped by user")
         agent = self.state.agent_for_task(task_id)
         if agent is not None:
-            self.pool.request_stop(agent.id, "task stopped by user")
+            self._intend(agent.id, "stop", "task stopped by user")
         self.state.flush()
+        crash_point(self.settings, "intent.recorded")
         return updated
 
     def approve_task(self, task_id: str) -> Task:
@@ -219,11 +238,15 @@ class Commands:
             )
         if self.state.session.feature_branch is None or task.branch is None:
             # No feature branch to merge into (or no work to merge): approval is the end.
-            updated = self.state.update_task(task_id, status=TaskStatus.DONE, feedback=None)
+            updated = move_task(
+                self.state, task_id, TaskStatus.DONE, reason="approved", feedback=None
+            )
         else:
-            updated = self.state.update_task(
+            updated = move_task(
+                self.state,
                 task_id,
-                status=TaskStatus.MERGING,
+                TaskStatus.MERGING,
+                reason="approved; queued for the merge",
                 merge_queued_at=utcnow(),
                 merge_commit=None,
                 feedback=None,
@@ -235,6 +258,7 @@ class Commands:
             )
         self.questions.close_for_agent(merge_asker(task_id), "the task was approved")
         self.state.flush()
+        crash_point(self.settings, "intent.recorded")
         return updated
 
     def approve_all(self) -> list[Task]:
@@ -251,9 +275,11 @@ class Commands:
                 f"task {task_id!r} is {task.status.value}; only a task in review can be rejected",
                 code="task_not_in_review",
             )
-        updated = self.state.update_task(
+        updated = move_task(
+            self.state,
             task_id,
-            status=TaskStatus.WORKING,
+            TaskStatus.WORKING,
+            reason="rejected by a reviewer",
             feedback=feedback,
             sessions=0,
             summary=None,
@@ -263,6 +289,7 @@ class Commands:
         self.questions.close_for_agent(merge_asker(task_id), "the task was rejected")
         self.state.bus.publish("task.rejected", {"taskId": task_id, "feedback": feedback[:4000]})
         self.state.flush()
+        crash_point(self.settings, "intent.recorded")
         return updated
 
     def waves(self) -> list[list[str]]:
@@ -338,10 +365,20 @@ class Commands:
         task = self.state.tasks.get(agent.task_id)
         if task is not None and task.status == TaskStatus.WORKING:
             # A human killed it: park the task for a human rather than retrying at once.
-            self.state.update_task(task.id, status=TaskStatus.BLOCKED, error="agent killed by user")
-        self.pool.request_stop(agent_id, "killed by user", force=True)
+            move_task(
+                self.state,
+                task.id,
+                TaskStatus.BLOCKED,
+                reason="agent killed by user",
+                error="agent killed by user",
+            )
+        self._intend(agent_id, "kill", "killed by user")
         self.state.flush()
+        crash_point(self.settings, "intent.recorded")
         return self.state.agents[agent_id]
+
+    def _intend(self, agent_id: str, intent: str, reason: str) -> None:
+        intend_stop(self.state, agent_id, intent, reason)
 
     def respond(self, agent_id: str, text: str) -> Question | None:
         """covend's respond: answers the agent's oldest open question, or, when it has

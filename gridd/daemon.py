@@ -32,7 +32,7 @@ import uvicorn
 from gridd import trust
 from gridd.adapters.registry import get_adapter
 from gridd.api import create_app
-from gridd.api.protocol import gridd_protocol
+from gridd.api.protocol import ConnectionGate, gridd_protocol
 from gridd.errors import AlreadyRunning, ConfigError, GriddError, WorkspaceError
 from gridd.service import Grid
 from gridd.settings import Settings, load_settings
@@ -226,8 +226,12 @@ def build_server(
 ) -> _Server:
     """The uvicorn server for ``grid``: peer-checked, JSON errors even for unparseable
     requests, no websockets, and a bounded graceful shutdown. Serve it on our own socket."""
+    daemon = grid.settings.daemon
     protocol = gridd_protocol(
-        allowed_uid=os.getuid(), stall_timeout=grid.settings.events.send_timeout_seconds
+        allowed_uid=os.getuid(),
+        stall_timeout=grid.settings.events.send_timeout_seconds,
+        header_timeout=daemon.header_timeout_seconds,
+        gate=ConnectionGate(daemon.max_connections),
     )
     config = uvicorn.Config(
         create_app(grid),

@@ -18,6 +18,7 @@ from gridd.agents.process import ExitStatus
 from gridd.agents.watch import RunWatch
 from gridd.errors import GriddError
 from gridd.events import EventBus
+from gridd.lifecycle import move_agent, move_task
 from gridd.model import Agent, AgentStatus, Task, TaskStatus, utcnow
 from gridd.outcome import (
     Block,
@@ -81,6 +82,7 @@ class Finisher:
         self.pool.handles.pop(agent.id, None)
         self.pool.runs.pop(agent.id, None)
         self.pool.started_mono.pop(agent.id, None)
+        self.pool.stops.pop(agent.id, None)
         task = self.state.tasks.get(agent.task_id)
         if task is None:
             self._settle(agent, status, run)
@@ -118,9 +120,11 @@ class Finisher:
             self._settle(agent, status, run)
         task = self.state.tasks.get(agent.task_id)
         if task is not None and task.status == TaskStatus.WORKING:
-            self.state.update_task(
+            move_task(
+                self.state,
                 task.id,
-                status=TaskStatus.BLOCKED,
+                TaskStatus.BLOCKED,
+                reason="finishing failed",
                 error=f"could not record the agent's work: {message}",
             )
 
@@ -134,9 +138,11 @@ class Finisher:
         cost = run.cost if run.cost is not None else agent.cost_usd
         if cost is None and profile is not None:
             cost = profile.cost_per_session
-        agent = self.state.update_agent(
+        agent = move_agent(
+            self.state,
             agent.id,
-            status=AgentStatus.EXITED,
+            AgentStatus.EXITED,
+            reason=f"exited ({status.code})" if status.error is None else status.error[:200],
             ended_at=utcnow(),
             exit_code=status.code,
             error=status.error,
@@ -227,9 +233,11 @@ class Finisher:
                 Path(agent.worktree_path), f"gridd: {task.id}: {task.title}", base=base
             )
             agent = self._settle(agent, *ended)
-            self.state.update_task(
+            move_task(
+                self.state,
                 task.id,
-                status=TaskStatus.REVIEW,
+                TaskStatus.REVIEW,
+                reason="agent completed",
                 changed_files=changed,
                 error=None,
                 summary=None,
@@ -248,7 +256,13 @@ class Finisher:
         elif isinstance(outcome, Continue):
             await self._commit(agent, f"gridd: {task.id}: session {task.sessions} (continuing)")
             self._settle(agent, *ended)
-            self.state.update_task(task.id, status=TaskStatus.READY, summary=outcome.summary)
+            move_task(
+                self.state,
+                task.id,
+                TaskStatus.READY,
+                reason="agent asked to continue",
+                summary=outcome.summary,
+            )
             self.bus.publish(
                 "agent.continued",
                 {
@@ -270,9 +284,11 @@ class Finisher:
                 + timedelta(seconds=self.settings.scheduler.rate_limit_backoff_seconds)
             )
             # Resuming continues this session's work (same worktree, a continuation prompt).
-            self.state.update_task(
+            move_task(
+                self.state,
                 task.id,
-                status=TaskStatus.RATE_LIMITED,
+                TaskStatus.RATE_LIMITED,
+                reason="usage limit reached",
                 resume_at=until,
                 error="usage limit reached",
                 summary=facts.summary or task.summary or "stopped by the provider's usage limit",
@@ -316,13 +332,21 @@ class Finisher:
         )
         if isinstance(outcome, Retry):
             self.pool.not_before[task.id] = time.monotonic() + self.pool.backoff(task.attempts)
-            self.state.update_task(
-                task.id, status=TaskStatus.READY, error=error, sessions=0, summary=None
+            move_task(
+                self.state,
+                task.id,
+                TaskStatus.READY,
+                reason="attempt failed; retrying",
+                error=error,
+                sessions=0,
+                summary=None,
             )
         elif isinstance(outcome, Fail):
-            self.state.update_task(task.id, status=TaskStatus.FAILED, error=error)
+            move_task(
+                self.state, task.id, TaskStatus.FAILED, reason="attempts used up", error=error
+            )
         else:
-            self.state.update_task(task.id, status=TaskStatus.BLOCKED, error=error)
+            move_task(self.state, task.id, TaskStatus.BLOCKED, reason="needs a human", error=error)
 
     def _write_failure(self, agent: Agent, task: Task, facts: RunFacts, error: str) -> Path:
         """What the next attempt should know (``GRID_PREVIOUS_FAILURE``)."""

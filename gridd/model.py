@@ -74,6 +74,12 @@ class Task(WireModel):
     cost_usd: float = 0.0
     resume_at: datetime | None = None  # rate_limited until then
     waiting_since: datetime | None = None  # its agent waits for a human
+    # Set only by gridd.lifecycle: why the task has its status, and since when.
+    status_reason: str | None = None
+    status_changed_at: datetime | None = None
+    # Retry state, persisted so that a restart neither forgets a backoff nor a flap.
+    backoff_until: datetime | None = None  # no new attempt before this (wall clock)
+    failure_times: list[datetime] = Field(default_factory=list)  # recent failed runs
     files: list[str] = Field(default_factory=list)  # files it declares it will touch (radar)
     feedback: str | None = None  # a reviewer's or the merge queue's words for its next run
     merge_queued_at: datetime | None = None  # approved at: the merge queue's order
@@ -119,6 +125,10 @@ class Agent(WireModel):
     result: str | None = None
     heartbeat_offset: int = 0
     waiting_since: datetime | None = None
+    status_reason: str | None = None  # set only by gridd.lifecycle: why this status
+    # What a user (or the daemon) wants done to it: "stop" or "kill". Recorded first and
+    # carried out by the reconciler, so a daemon killed in between still does it.
+    intent: str | None = None
     model: str | None = None  # the model the agent runs, as it says (claude's system/init)
     current_tool: str | None = None  # the tool it uses now ("Bash: npm test")
     input_tokens: int | None = None  # tokens of this run so far, as the agent reports them

@@ -170,7 +170,10 @@ class AgentView:
     task_id: str
     profile: str
     started: float  # monotonic seconds
-    stopping: bool = False
+    stopping: bool = False  # a stop is in flight in this daemon
+    intent: str | None = None  # recorded: "stop" or "kill"
+    stop_reason: str | None = None
+    killing: bool = False  # the stop in flight is a kill
 
 
 @dataclass(frozen=True)
@@ -241,9 +244,16 @@ def plan(obs: Observed) -> list[Action]:
     if obs.stop_file and obs.session_started:
         stops.append(StopSession("stop_file"))
 
-    # 1. agents whose task no longer wants them, or that ran past their timeout
+    # 1. agents someone asked to stop or kill (intent recorded, not yet carried out), whose
+    #    task no longer wants them, or that ran past their timeout
     for agent in obs.agents:
+        if agent.intent == "kill" and not agent.killing:
+            stops.append(StopAgent(agent.id, agent.task_id, agent.stop_reason or "kill", True))
+            continue
         if agent.stopping:
+            continue
+        if agent.intent is not None:
+            stops.append(StopAgent(agent.id, agent.task_id, agent.stop_reason or "stop"))
             continue
         task = by_id.get(agent.task_id)
         if task is None or task.status != TaskStatus.WORKING:

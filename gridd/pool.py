@@ -27,6 +27,7 @@ from gridd.background import Background
 from gridd.errors import Conflict, GriddError, StoreError
 from gridd.events import EventBus
 from gridd.health import LAUNCH_HINT, Limits, Verdict, assess, next_change
+from gridd.lifecycle import move_agent, move_task
 from gridd.model import Agent, AgentStatus, Question, Task, TaskStatus, utcnow
 from gridd.plan import RATE_LIMIT_RESET
 from gridd.questions import QuestionBook
@@ -126,6 +127,9 @@ class AgentPool:
         #: that is done the task must not get another agent.
         self.finishing: set[str] = set()
         self.not_before: dict[str, float] = {}
+        #: Agents with a stop in flight in this daemon (True: a kill). The status says
+        #: ``stopping`` from an earlier daemon too; this says whether anyone acts on it.
+        self.stops: dict[str, bool] = {}
         #: Called before the first agent of a task from an external source starts;
         #: False means someone else owns the task (e.g. a lost beads claim).
         self.claimers: dict[str, Callable[[Task], Awaitable[bool]]] = {}
@@ -177,10 +181,20 @@ class AgentPool:
                     self.bus.publish(
                         "task.start_failed", {"taskId": task_id, "error": f"claim: {claimed}"}
                     )
-                    self.state.update_task(task_id, status=TaskStatus.READY)
+                    move_task(
+                        self.state,
+                        task_id,
+                        TaskStatus.READY,
+                        reason="claim failed; retrying",
+                        error=f"claim: {claimed}",
+                    )
                     return
-                self.state.update_task(
-                    task_id, status=TaskStatus.CANCELLED, error="claimed by someone else"
+                move_task(
+                    self.state,
+                    task_id,
+                    TaskStatus.CANCELLED,
+                    reason="claim lost",
+                    error="claimed by someone else",
                 )
                 return
             if isinstance(made, BaseException):
@@ -256,8 +270,13 @@ class AgentPool:
                 starter=self.shims,
             )
         except GriddError as exc:
-            self.state.update_agent(
-                agent_id, status=AgentStatus.EXITED, ended_at=utcnow(), error=exc.message
+            move_agent(
+                self.state,
+                agent_id,
+                AgentStatus.EXITED,
+                reason="spawn failed",
+                ended_at=utcnow(),
+                error=exc.message,
             )
             raise
         opening = adapter.initial_input(prompt)
@@ -266,13 +285,15 @@ class AgentPool:
         self.handles[agent_id] = handle
         self.runs[agent_id] = RunWatch(run_dir, adapter)
         self.started_mono[agent_id] = time.monotonic()
-        self.state.update_agent(
+        move_agent(
+            self.state,
             agent_id,
+            AgentStatus.RUNNING,
+            reason="spawned",
             pid=handle.pid,
             create_time=handle.create_time,
             shim_pid=handle.shim_pid,
             shim_create_time=handle.shim_create_time,
-            status=AgentStatus.RUNNING,
         )
         self.bus.publish(
             "agent.spawned",
@@ -299,13 +320,23 @@ class AgentPool:
         if task.status != TaskStatus.WORKING:
             return
         if attempts >= task.max_attempts:
-            self.state.update_task(
-                task_id, status=TaskStatus.FAILED, attempts=attempts, error=message
+            move_task(
+                self.state,
+                task_id,
+                TaskStatus.FAILED,
+                reason="could not start",
+                attempts=attempts,
+                error=message,
             )
         else:
             self.not_before[task_id] = time.monotonic() + self.backoff(attempts)
-            self.state.update_task(
-                task_id, status=TaskStatus.READY, attempts=attempts, error=message
+            move_task(
+                self.state,
+                task_id,
+                TaskStatus.READY,
+                reason="could not start; retrying",
+                attempts=attempts,
+                error=message,
             )
 
     def _task_agents(self, task_id: str) -> list[Agent]:
@@ -343,13 +374,15 @@ class AgentPool:
             )
             if adopted is not None:
                 handle = adopted
-                agent = self.state.update_agent(
+                agent = move_agent(
+                    self.state,
                     agent.id,
+                    AgentStatus.RUNNING,
+                    reason="adopted after a restart",
                     pid=handle.pid,
                     create_time=handle.create_time,
                     shim_pid=handle.shim_pid,
                     shim_create_time=handle.shim_create_time,
-                    status=AgentStatus.RUNNING,
                 )
         profile = self.profiles.get(agent.profile)
         try:
@@ -753,9 +786,14 @@ class AgentPool:
         agent = self.state.agents.get(agent_id)
         if agent is None or agent.status == AgentStatus.EXITED:
             return
-        if agent.status == AgentStatus.STOPPING and not force:
+        if agent_id not in self.handles:
+            # Its spawn is still in flight, or it has exited and is being finished: nothing
+            # to signal. What is wanted stays recorded; the next pass asks again.
             return
-        self.state.update_agent(agent_id, status=AgentStatus.STOPPING, stop_reason=reason)
+        if agent_id in self.stops and (self.stops[agent_id] or not force):
+            return  # already being stopped (or killed) by this daemon
+        self.stops[agent_id] = force
+        move_agent(self.state, agent_id, AgentStatus.STOPPING, reason=reason, stop_reason=reason)
         self.background.spawn(f"stop:{agent_id}", self._stop(agent_id, force=force))
 
     async def _stop(self, agent_id: str, *, force: bool) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from gridd.adapters import base
 from gridd.errors import Conflict, NotFound, ValidationFailed
 from gridd.events import EventBus
+from gridd.lifecycle import move_agent
 from gridd.model import Agent, AgentStatus, Question, QuestionStatus, utcnow
 from gridd.state import GridState
 from gridd.store import Store
@@ -140,9 +141,17 @@ class QuestionBook:
             return
         since = utcnow() if waiting else None
         if waiting and agent.status == AgentStatus.RUNNING:
-            self.state.update_agent(agent_id, status=AgentStatus.WAITING, waiting_since=since)
+            move_agent(
+                self.state,
+                agent_id,
+                AgentStatus.WAITING,
+                reason="asked a human",
+                waiting_since=since,
+            )
         elif not waiting and agent.status == AgentStatus.WAITING:
-            self.state.update_agent(agent_id, status=AgentStatus.RUNNING, waiting_since=None)
+            move_agent(
+                self.state, agent_id, AgentStatus.RUNNING, reason="answered", waiting_since=None
+            )
         elif not waiting and agent.waiting_since is not None:
             # Already exited (or stopping): it no longer waits, whatever its status says.
             self.state.update_agent(agent_id, waiting_since=None)

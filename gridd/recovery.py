@@ -15,6 +15,7 @@ from pathlib import Path
 
 from gridd.errors import GriddError
 from gridd.events import EventBus
+from gridd.lifecycle import move_task
 from gridd.model import TERMINAL_TASK_STATUSES, TaskStatus
 from gridd.pool import AgentPool
 from gridd.state import GridState
@@ -70,8 +71,12 @@ async def _reconcile_worktrees(*, state: GridState, worktrees: Worktrees, bus: E
             },
         )
         if task.status == TaskStatus.REVIEW and not branch_ok:
-            state.update_task(
-                task.id, status=TaskStatus.BLOCKED, error="worktree and branch missing"
+            move_task(
+                state,
+                task.id,
+                TaskStatus.BLOCKED,
+                reason="worktree and branch missing",
+                error="worktree and branch missing",
             )
     state.flush()
 

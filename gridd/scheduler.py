@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 from gridd.background import Background
 from gridd.events import EventBus
-from gridd.model import AgentStatus, SessionState, TaskStatus, utcnow
+from gridd.lifecycle import Move, intend_stop, move_task, move_tasks
+from gridd.model import SessionState, TaskStatus, utcnow
 from gridd.plan import AgentView, Observed, SetStatus, StartTask, StopAgent, StopSession, plan
 from gridd.pool import AgentPool
 from gridd.settings import Settings
@@ -88,7 +89,10 @@ class Scheduler:
                     task_id=agent.task_id,
                     profile=agent.profile,
                     started=started,
-                    stopping=agent.status == AgentStatus.STOPPING,
+                    stopping=agent.id in self.pool.stops,
+                    intent=agent.intent,
+                    stop_reason=agent.stop_reason,
+                    killing=self.pool.stops.get(agent.id, False),
                 )
             )
         timeouts: dict[str, float] = {}
@@ -184,7 +188,7 @@ class Scheduler:
         ]
         self._next_resume = min(resumes) if resumes else None
         actions = plan(observed)
-        status_updates: dict[str, dict[str, object]] = {}
+        status_updates: dict[str, Move] = {}
         for action in actions:
             if isinstance(action, StopSession):
                 if action.reason == "stop_file":
@@ -193,22 +197,24 @@ class Scheduler:
             elif isinstance(action, StopAgent):
                 self.pool.request_stop(action.agent_id, action.reason, force=action.force)
             elif isinstance(action, SetStatus):
-                update: dict[str, object] = {"status": action.status, "error": action.reason}
+                fields: dict[str, object] = {"error": action.reason}
                 if self.state.tasks[action.task_id].status == TaskStatus.RATE_LIMITED:
-                    update["resume_at"] = None  # resumed: no longer parked until then
-                status_updates[action.task_id] = update
+                    fields["resume_at"] = None  # resumed: no longer parked until then
+                status_updates[action.task_id] = Move(
+                    action.status, action.reason or "dependencies", fields
+                )
             elif isinstance(action, StartTask):
                 if status_updates:
-                    self.state.update_tasks(status_updates)
+                    move_tasks(self.state, status_updates)
                     status_updates = {}
                 task = self.state.tasks[action.task_id]
                 if task.status != TaskStatus.WORKING:
-                    self.state.update_task(task.id, status=TaskStatus.WORKING)
+                    move_task(self.state, task.id, TaskStatus.WORKING, reason="scheduled")
                 self.pool.not_before.pop(task.id, None)
                 self.pool.starting.add(task.id)
                 self.background.spawn(f"start:{task.id}", self.pool.start(task.id, action.profile))
         if status_updates:
-            self.state.update_tasks(status_updates)
+            move_tasks(self.state, status_updates)
         self.state.flush()
         self._last_key = self._idle_key() if not actions else None
         self.passes += 1
@@ -253,23 +259,25 @@ class Scheduler:
                 update={"started": False, "stop_reason": reason, "stopped_at": utcnow()}
             )
         )
-        updates: dict[str, dict[str, object]] = {}
+        why = f"session stopped ({reason})"
+        updates: dict[str, Move] = {}
         for agent in self.state.live_agents():
             task = self.state.tasks.get(agent.task_id)
             if task is not None and task.status == TaskStatus.WORKING:
-                updates[task.id] = {"status": TaskStatus.READY}
+                updates[task.id] = Move(TaskStatus.READY, why)
         if updates:
-            self.state.update_tasks(updates)
+            move_tasks(self.state, updates)
         for agent in self.state.live_agents():
-            self.pool.request_stop(agent.id, f"session stopped ({reason})", force=force)
+            # Recorded, then carried out by the next pass (after a restart, too).
+            intend_stop(self.state, agent.id, "kill" if force else "stop", why)
         # Explicit starts without an agent yet also go back to waiting.
         leftovers = {
-            t.id: {"status": TaskStatus.READY}
+            t.id: Move(TaskStatus.READY, why)
             for t in self.state.tasks.values()
             if t.status == TaskStatus.WORKING and self.state.agent_for_task(t.id) is None
         }
         if leftovers:
-            self.state.update_tasks(leftovers)
+            move_tasks(self.state, leftovers)
         self.state.flush()
         self.bus.publish("session.stopped", {"reason": reason, "force": force})
         return self.state.session

@@ -31,6 +31,19 @@ class DaemonSettings(_Section):
     shutdown_timeout_seconds: float = Field(
         default=3.0, gt=0, le=60, description="Grace for open connections at shutdown"
     )
+    crash_points: list[Literal["intent.recorded"]] = Field(
+        default_factory=list,
+        description="Testing only: kill the daemon (SIGKILL) when it reaches these steps",
+    )
+    header_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=300, description="A request's headers must arrive within this"
+    )
+    max_connections: int = Field(
+        default=1000,
+        ge=4,
+        le=100_000,
+        description="Open connections served fully; beyond, only /health, /version, /shutdown",
+    )
 
 
 class EventSettings(_Section):

@@ -12,7 +12,9 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from gridd.errors import GriddError
 from gridd.events import EventBus
+from gridd.lifecycle import validated_agent, validated_task
 from gridd.model import (
     Agent,
     AgentStatus,
@@ -87,21 +89,30 @@ class GridState:
         return tasks
 
     def update_task(self, task_id: str, **changes: Any) -> Task:
-        task = self.tasks[task_id]
-        updated = task.model_copy(update={**changes, "updated_at": utcnow()})
-        self.store.save_tasks([updated])
-        self._remember(updated)
-        self.touch()
+        """Change a task's fields (never its status: that is ``gridd.lifecycle``'s job),
+        validated as the API validates a task."""
+        _no_status("task", changes)
+        updated = validated_task(self.tasks[task_id], {**changes, "updated_at": utcnow()})
+        self.write_tasks([updated])
         return updated
 
     def update_tasks(self, updates: dict[str, dict[str, Any]]) -> None:
         now = utcnow()
-        new = [
-            self.tasks[i].model_copy(update={**u, "updated_at": now}) for i, u in updates.items()
-        ]
-        with self.store.transaction():
-            self.store.save_tasks(new)
-        for task in new:
+        new = []
+        for task_id, changes in updates.items():
+            _no_status("task", changes)
+            new.append(validated_task(self.tasks[task_id], {**changes, "updated_at": now}))
+        self.write_tasks(new)
+
+    def write_tasks(self, tasks: list[Task]) -> None:
+        """Persist already validated tasks, then make them visible. Only this module and
+        ``gridd.lifecycle`` call it."""
+        if len(tasks) == 1:
+            self.store.save_tasks(tasks)  # one statement: atomic by itself
+        else:
+            with self.store.transaction():
+                self.store.save_tasks(tasks)
+        for task in tasks:
             self._remember(task)
         self.touch()
 
@@ -171,11 +182,23 @@ class GridState:
         return agent
 
     def update_agent(self, agent_id: str, *, persist: bool = True, **changes: Any) -> Agent:
-        agent = self.agents[agent_id].model_copy(update=changes)
+        """Change an agent's fields (never its status: that is ``gridd.lifecycle``'s job).
+        Persisted changes are validated; ``persist=False`` is for derivable, hot fields."""
+        _no_status("agent", changes)
+        agent = self.agents[agent_id]
         if persist:
+            agent = validated_agent(agent, changes)
             self.store.save_agent(agent)
+        else:
+            agent = agent.model_copy(update=changes)
         self._remember_agent(agent)
         return agent
+
+    def write_agent(self, agent: Agent) -> None:
+        """Persist an already validated agent. Only ``gridd.lifecycle`` calls it. (No
+        wake-up: whoever needs the scheduler to look again touches the state itself.)"""
+        self.store.save_agent(agent)
+        self._remember_agent(agent)
 
     def _remember_agent(self, agent: Agent) -> None:
         self.agents[agent.id] = agent
@@ -201,3 +224,17 @@ class GridState:
         self.store.set_meta("session", session.model_dump_json())
         self.session = session
         self.touch()
+
+
+class StatusBypass(GriddError):
+    """A status change that tried to go around ``gridd.lifecycle`` (a bug)."""
+
+    code = "status_bypass"
+
+
+def _no_status(kind: str, changes: dict[str, Any]) -> None:
+    if "status" in changes or "status_reason" in changes:
+        raise StatusBypass(
+            f"a {kind}'s status changes only through gridd.lifecycle (move_{kind})",
+            details={"fields": sorted(changes)},
+        )

@@ -28,33 +28,117 @@ log = logging.getLogger(__name__)
 #: How long a refused peer may keep sending before its connection is closed regardless.
 _LINGER_SECONDS = 2.0
 
+#: Paths answered even past the connection cap, so a swamped daemon can be checked and stopped.
+RESERVED_PATHS = frozenset({b"/health", b"/version", b"/shutdown"})
+#: Connections past the cap that may still ask for a reserved path; beyond them, 503 at once.
+RESERVED_SLOTS = 16
+#: Headers of a connection past the cap must arrive this fast.
+_RESERVED_HEADER_SECONDS = 2.0
+
+
+class ConnectionGate:
+    """Counts the open connections of one server, against ``cap``."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.open = 0
+
+
+async def _busy_app(scope: Any, receive: Any, send: Any) -> None:
+    body = raw_error_response(
+        503,
+        "Service Unavailable",
+        "too_many_connections",
+        "gridd is serving too many connections; only /health, /version and /shutdown answer",
+    )
+    payload = body.partition(b"\r\n\r\n")[2]
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
+
 
 def gridd_protocol(
-    *, allowed_uid: int, stall_timeout: float, base: type[asyncio.Protocol] | None = None
+    *,
+    allowed_uid: int,
+    stall_timeout: float,
+    header_timeout: float = 10.0,
+    gate: ConnectionGate | None = None,
+    base: type[asyncio.Protocol] | None = None,
 ) -> type[asyncio.Protocol]:
     """Subclass uvicorn's HTTP protocol (``auto``: httptools, else h11) with the guards."""
-    parent: Any = base if base is not None else import_from_string(HTTP_PROTOCOLS["auto"])
+    parent: Any = base if base is not None else import_from_string(HTTP_PROTOCOLS["httptools"])
+    connections = gate if gate is not None else ConnectionGate(1_000_000)
 
     class GriddHTTPProtocol(parent):  # type: ignore[misc]
         _refused = False
+        _counted = False
+        _reserved_only = False
         _stall_timer: asyncio.TimerHandle | None = None
+        _header_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: Any) -> None:
             sock = transport.get_extra_info("socket")
             uid = peer_uid(sock) if sock is not None else None
             if uid is not None and uid != allowed_uid:
                 log.warning("refused connection from uid %d", uid)
-                self._refuse(transport, uid)
+                self._refuse(transport, uid, forbidden_response(uid))
                 return
+            if connections.open >= connections.cap + RESERVED_SLOTS:
+                self._refuse(transport, 0, _busy_bytes())
+                return
+            connections.open += 1
+            self._counted = True
+            self._reserved_only = connections.open > connections.cap
             super().connection_made(transport)
+            self._arm_header_timer()
 
-        def _refuse(self, transport: Any, uid: int) -> None:
+        def _arm_header_timer(self) -> None:
+            if self._header_timer is None:
+                wait = _RESERVED_HEADER_SECONDS if self._reserved_only else header_timeout
+                loop = asyncio.get_running_loop()
+                self._header_timer = loop.call_later(wait, self._headers_too_slow)
+
+        def _headers_too_slow(self) -> None:
+            self._header_timer = None
+            if self.transport.is_closing():
+                return
+            self.transport.write(
+                raw_error_response(
+                    408,
+                    "Request Timeout",
+                    "header_timeout",
+                    f"the request's headers did not arrive within {header_timeout:g}s",
+                )
+            )
+            self.transport.close()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm_header_timer()
+
+        def on_headers_complete(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+            if self._reserved_only and self.url.split(b"?")[0] not in RESERVED_PATHS:
+                self.app = _busy_app
+            super().on_headers_complete()
+
+        def _refuse(self, transport: Any, uid: int, answer: bytes) -> None:
             # Answer, stop writing, and keep swallowing the request until the peer hangs
             # up (or briefly at most): closing with its request unread would reset the
-            # connection, and the peer would see ECONNRESET instead of the 403.
+            # connection, and the peer would see ECONNRESET instead of the answer.
             self._refused = True
             self._refused_transport = transport
-            transport.write(forbidden_response(uid))
+            transport.write(answer)
             if transport.can_write_eof():
                 transport.write_eof()
             self._linger = asyncio.get_running_loop().call_later(_LINGER_SECONDS, transport.close)
@@ -73,6 +157,12 @@ def gridd_protocol(
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._cancel_stall_timer()
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+            if self._counted:
+                self._counted = False
+                connections.open -= 1
             if self._refused:
                 self._linger.cancel()
                 return
@@ -113,6 +203,14 @@ def gridd_protocol(
                     self.transport.get_write_buffer_size(),
                 )
                 self.transport.abort()
+
+    def _busy_bytes() -> bytes:
+        return raw_error_response(
+            503,
+            "Service Unavailable",
+            "too_many_connections",
+            "gridd is serving too many connections; try again shortly",
+        )
 
     GriddHTTPProtocol.__name__ = f"Gridd{parent.__name__}"
     return GriddHTTPProtocol

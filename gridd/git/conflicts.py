@@ -21,6 +21,7 @@ from pathlib import Path
 
 from gridd.adapters.base import Ask
 from gridd.events import EventBus
+from gridd.lifecycle import move_task
 from gridd.model import Agent, Question, Task, TaskStatus, utcnow
 from gridd.questions import QuestionBook
 from gridd.settings import MergeSettings
@@ -107,17 +108,21 @@ class ConflictPolicy:
     ) -> None:
         policy = self.state.session.on_conflict
         if policy == "fail":
-            self.state.update_task(
+            move_task(
+                self.state,
                 task.id,
-                status=TaskStatus.FAILED,
+                TaskStatus.FAILED,
+                reason=error,
                 error=error,
                 merge_conflict=files,
                 merge_commit=None,
             )
         elif policy == "human":
-            self.state.update_task(
+            move_task(
+                self.state,
                 task.id,
-                status=TaskStatus.REVIEW,
+                TaskStatus.REVIEW,
+                reason=f"{error}; a human decides",
                 error=error,
                 merge_conflict=files,
                 merge_commit=None,
@@ -156,9 +161,11 @@ class ConflictPolicy:
         conflicted = sorted({f for f in left.out.splitlines() if f}) or files
         if res.code != 0 and not left.out.strip():
             log.warning("merging %s into %s's worktree failed: %s", feature, task.id, res.err)
-        self.state.update_task(
+        move_task(
+            self.state,
             task.id,
-            status=TaskStatus.WORKING,
+            TaskStatus.WORKING,
+            reason=f"{error}; back to its agent",
             feedback=feedback,
             sessions=0,
             summary=None,
@@ -204,12 +211,17 @@ class ConflictPolicy:
         if task is None or task.status != TaskStatus.REVIEW:
             return
         if response == "merge again":
-            self.state.update_task(
-                task.id, status=TaskStatus.MERGING, merge_queued_at=utcnow(), error=None
+            move_task(
+                self.state,
+                task.id,
+                TaskStatus.MERGING,
+                reason="merge again (a human)",
+                merge_queued_at=utcnow(),
+                error=None,
             )
             self.bus.publish("task.merge_queued", {"taskId": task.id})
         elif response == "fail":
-            self.state.update_task(task.id, status=TaskStatus.FAILED)
+            move_task(self.state, task.id, TaskStatus.FAILED, reason="failed by a human")
         else:
             feature = self.state.session.feature_branch
             tip = (await git(self.worktrees.root, "rev-parse", f"refs/heads/{feature}")).out.strip()

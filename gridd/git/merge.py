@@ -30,6 +30,7 @@ from gridd.events import EventBus
 from gridd.git.conflicts import ConflictPolicy
 from gridd.git.feature import checked_out_at, commit_of
 from gridd.git.integration import Conflicted, Integration
+from gridd.lifecycle import move_task
 from gridd.model import Task, TaskStatus
 from gridd.settings import MergeSettings
 from gridd.state import GridState
@@ -192,9 +193,11 @@ class MergeQueue:
         return res.code == 0
 
     def _done(self, task: Task, *, commit: str | None, feature: str | None) -> None:
-        self.state.update_task(
+        move_task(
+            self.state,
             task.id,
-            status=TaskStatus.DONE,
+            TaskStatus.DONE,
+            reason="merged",
             merge_commit=commit,
             merge_conflict=[],
             feedback=None,

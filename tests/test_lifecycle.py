@@ -1,0 +1,200 @@
+"""The task and agent state machines: the table itself (pure), and moves through the real
+state cache and SQLite store: legal ones persisted, illegal ones refused and reported."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import gridd.lifecycle as lifecycle
+from gridd.errors import ValidationFailed
+from gridd.events import EventBus
+from gridd.lifecycle import (
+    AGENT_TRANSITIONS,
+    TASK_TRANSITIONS,
+    IllegalTransition,
+    Move,
+    agent_can_move,
+    move_agent,
+    move_task,
+    move_tasks,
+    task_can_move,
+)
+from gridd.model import TERMINAL_TASK_STATUSES, Agent, AgentStatus, Task, TaskStatus
+from gridd.state import GridState, StatusBypass
+from gridd.store import Store
+
+T = TaskStatus
+A = AgentStatus
+
+# -- the table (pure) ----------------------------------------------------------------------------
+
+
+def test_every_status_has_a_row_and_every_target_is_a_status() -> None:
+    assert set(TASK_TRANSITIONS) == set(TaskStatus)
+    assert set(AGENT_TRANSITIONS) == set(AgentStatus)
+    for targets in TASK_TRANSITIONS.values():
+        assert targets <= set(TaskStatus)
+
+
+def test_done_and_cancelled_are_terminal_and_exited_agents_stay_exited() -> None:
+    for status in (T.DONE, T.CANCELLED):
+        assert TASK_TRANSITIONS[status] == frozenset()
+    assert AGENT_TRANSITIONS[A.EXITED] == frozenset()
+    # failed is terminal on its own (TERMINAL_TASK_STATUSES) but a human may start it again
+    assert T.FAILED in TERMINAL_TASK_STATUSES
+    assert TASK_TRANSITIONS[T.FAILED] == {T.WORKING, T.CANCELLED}
+
+
+@pytest.mark.parametrize(
+    ("current", "target"),
+    [
+        (T.REVIEW, T.MERGING),
+        (T.MERGING, T.DONE),
+        (T.MERGING, T.REVIEW),
+        (T.MERGING, T.WORKING),
+        (T.MERGING, T.FAILED),
+        (T.WORKING, T.REVIEW),
+        (T.WORKING, T.RATE_LIMITED),
+        (T.RATE_LIMITED, T.READY),
+        (T.PENDING, T.READY),
+        (T.BLOCKED, T.PENDING),
+    ],
+)
+def test_the_merge_queue_and_the_scheduler_moves_are_legal(
+    current: TaskStatus, target: TaskStatus
+) -> None:
+    assert task_can_move(current, target)
+
+
+@pytest.mark.parametrize(
+    ("current", "target"),
+    [
+        (T.DONE, T.WORKING),
+        (T.CANCELLED, T.READY),
+        (T.PENDING, T.DONE),  # nothing is done without review
+        (T.READY, T.REVIEW),  # review needs an agent's run
+        (T.FAILED, T.DONE),
+        (T.MERGING, T.READY),
+    ],
+)
+def test_moves_that_would_skip_a_step_are_illegal(current: TaskStatus, target: TaskStatus) -> None:
+    assert not task_can_move(current, target)
+
+
+def test_staying_in_a_status_is_always_allowed() -> None:
+    assert all(task_can_move(s, s) for s in TaskStatus)
+    assert all(agent_can_move(s, s) for s in AgentStatus)
+    assert not agent_can_move(A.STOPPING, A.RUNNING)
+    assert not agent_can_move(A.EXITED, A.RUNNING)
+
+
+def _documented(kind: type[TaskStatus] | type[AgentStatus]) -> dict[str, set[str]]:
+    doc = lifecycle.__doc__ or ""
+    names = {s.value for s in kind}
+    rows: dict[str, set[str]] = {}
+    for line in doc.splitlines():
+        match = re.match(r"^\s+(\w+)\s+->\s+(.*)$", line)
+        if match and match.group(1) in names:
+            targets = match.group(2).strip()
+            rows[match.group(1)] = (
+                set() if targets.startswith("(") else {t.strip() for t in targets.split(",")}
+            )
+    return rows
+
+
+def test_the_table_in_the_docstring_is_the_table_in_the_code() -> None:
+    assert _documented(TaskStatus) == {
+        s.value: {t.value for t in targets} for s, targets in TASK_TRANSITIONS.items()
+    }
+    assert _documented(AgentStatus) == {
+        s.value: {t.value for t in targets} for s, targets in AGENT_TRANSITIONS.items()
+    }
+
+
+# -- moves through the real state cache and store ----------------------------------------------
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Iterator[GridState]:
+    store = Store.open(tmp_path / "gridd.db")
+    state = GridState(store, EventBus(store, queue_size=100))
+    state.add_tasks(
+        [Task(id="t1", title="one", status=T.PENDING), Task(id="t2", title="two", status=T.READY)]
+    )
+    yield state
+    store.close()
+
+
+def _reloaded(state: GridState) -> dict[str, Task]:
+    return {t.id: t for t in state.store.load_tasks()}
+
+
+def test_a_legal_move_is_persisted_with_its_reason(state: GridState) -> None:
+    moved = move_task(state, "t2", T.WORKING, reason="scheduled", attempts=1)
+    assert moved.status == T.WORKING and moved.status_reason == "scheduled"
+    stored = _reloaded(state)["t2"]
+    assert (stored.status, stored.status_reason, stored.attempts) == (T.WORKING, "scheduled", 1)
+    assert stored.status_changed_at is not None
+
+
+def test_an_illegal_move_is_refused_reported_and_never_persisted(
+    state: GridState, caplog: pytest.LogCaptureFixture
+) -> None:
+    with pytest.raises(IllegalTransition) as raised:
+        move_task(state, "t1", T.DONE, reason="a bug", error="x")
+    assert raised.value.status == 409
+    assert raised.value.details == {"kind": "task", "id": "t1", "from": "pending", "to": "done"}
+    assert state.tasks["t1"].status == T.PENDING
+    assert _reloaded(state)["t1"].status == T.PENDING
+    events = state.store.events_after(0, types=["lifecycle.illegal_transition"])
+    assert [e.data for e in events] == [
+        {"kind": "task", "id": "t1", "from": "pending", "to": "done", "reason": "a bug"}
+    ]
+    assert "illegal task transition t1: pending -> done" in caplog.text
+
+
+def test_a_batch_applies_the_legal_moves_and_reports_the_illegal_ones(state: GridState) -> None:
+    moved = move_tasks(
+        state, {"t1": Move(T.REVIEW, "a bug"), "t2": Move(T.BLOCKED, "dependency x")}
+    )
+    assert [t.id for t in moved] == ["t2"]
+    stored = _reloaded(state)
+    assert (stored["t1"].status, stored["t2"].status) == (T.PENDING, T.BLOCKED)
+    assert len(state.store.events_after(0, types=["lifecycle.illegal_transition"])) == 1
+
+
+def test_field_updates_cannot_change_a_status_behind_the_lifecycle(state: GridState) -> None:
+    with pytest.raises(StatusBypass):
+        state.update_task("t1", status=T.DONE)
+    with pytest.raises(StatusBypass):
+        state.update_tasks({"t1": {"status": T.DONE}})
+    assert _reloaded(state)["t1"].status == T.PENDING
+
+
+def test_field_updates_are_validated_like_the_api_and_unknown_fields_refused(
+    state: GridState,
+) -> None:
+    for bad in ({"title": None}, {"priority": 9}, {"labels": None}, {"max_attempts": 0}):
+        with pytest.raises(ValidationFailed):
+            state.update_task("t1", **bad)
+    with pytest.raises(ValidationFailed) as raised:
+        state.update_task("t1", colour="blue")
+    assert raised.value.code == "unknown_field"
+    assert _reloaded(state)["t1"] == state.tasks["t1"]
+    assert state.tasks["t1"].title == "one"
+
+
+def test_an_exited_agent_cannot_come_back(state: GridState) -> None:
+    state.put_agent(Agent(id="a1", task_id="t1", profile="p", worktree_path="/w"))
+    move_agent(state, "a1", A.RUNNING, reason="spawned", pid=123)
+    move_agent(state, "a1", A.EXITED, reason="exited (0)")
+    with pytest.raises(IllegalTransition):
+        move_agent(state, "a1", A.RUNNING, reason="a bug")
+    stored = {a.id: a for a in state.store.load_agents()}["a1"]
+    assert (stored.status, stored.status_reason) == (A.EXITED, "exited (0)")
+    with pytest.raises(StatusBypass):
+        state.update_agent("a1", status=A.RUNNING)

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 
 from gridd.events import EventBus
+from gridd.lifecycle import move_agent, move_task
 from gridd.model import Agent, AgentStatus, Task, TaskStatus
 from gridd.state import GridState
 from gridd.store import Store
@@ -40,12 +41,12 @@ def test_the_cached_state_follows_every_agent_and_task_change(tmp_path: Path) ->
     state.update_agent("a-1", persist=False, last_output="hello")
     listed = json.loads(state.live_agents_json())
     assert listed[1]["lastOutput"] == "hello"
-    state.update_agent("a-0", status=AgentStatus.EXITED)
+    move_agent(state, "a-0", AgentStatus.EXITED, reason="exited (0)")
     assert [a["id"] for a in json.loads(state.live_agents_json())] == ["a-1", "a-2"]
     assert [a.id for a in state.live_agents()] == ["a-1", "a-2"]
     assert state.agent_for_task("t0") is None and state.agent_for_task("t1") is not None
     assert state.stats().pending == 3
-    state.update_task("t2", status=TaskStatus.READY)
+    move_task(state, "t2", TaskStatus.READY, reason="dependencies done")
     assert (state.stats().pending, state.stats().ready) == (2, 1)
     assert [t["status"] for t in json.loads(state.tasks_json())] == [
         "pending",

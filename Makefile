@@ -26,6 +26,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check gridd tests bench
 	$(BIN)/ruff format --check gridd tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 format: $(STAMP)
 	$(BIN)/ruff format gridd tests bench

@@ -31,13 +31,13 @@ from gridd.adapters.base import (
     ToolUse,
     Usage,
 )
+from gridd.adapters.beat import Beat, parse_beat
 from gridd.adapters.claude import ClaudeAdapter
 from gridd.adapters.heartbeat import HeartbeatAdapter
 from gridd.adapters.lines import LineSplitter, Overlong
 from gridd.adapters.patterns import PatternsAdapter
 from gridd.adapters.ratelimit import detect_rate_limit, parse_reset_time, parse_timestamp
 from gridd.adapters.registry import ADAPTER_NAMES, get_adapter
-from gridd.agents.heartbeat import Beat, parse_beat
 from gridd.errors import ConfigError, ValidationFailed
 
 HERE = Path(__file__).parent

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gridd.agents.heartbeat import Beat, HeartbeatReader, parse_beat
+from gridd.adapters.beat import Beat, HeartbeatReader, parse_beat
 from gridd.health import Limits, Verdict, assess
 
 

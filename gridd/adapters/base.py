@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gridd.agents.heartbeat import Beat
+from gridd.adapters.beat import Beat
 
 
 @dataclass(frozen=True)

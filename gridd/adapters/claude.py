@@ -57,9 +57,9 @@ from gridd.adapters.base import (
     ToolUse,
     Usage,
 )
+from gridd.adapters.beat import Beat
 from gridd.adapters.lines import LineSplitter, Overlong
 from gridd.adapters.ratelimit import detect_rate_limit
-from gridd.agents.heartbeat import Beat
 
 MALFORMED_EVERY = 100
 MAX_LINE = 16 * 1024 * 1024  # a tool_result line may carry a whole file

@@ -1,7 +1,7 @@
 """The heartbeat adapter: the default for any command (also registered as ``plain``).
 
 Structured signals come only from the heartbeat file (REFERENCE.md §4, parsed by
-``gridd.agents.heartbeat``); the agent's stdout and stderr are shown but never interpreted,
+``gridd.adapters.beat``); the agent's stdout and stderr are shown but never interpreted,
 except for a whole line that is exactly a known usage-limit notice (``ratelimit.py``).
 
 Heartbeat ``status`` values and what they become:
@@ -32,9 +32,9 @@ from gridd.adapters.base import (
     RateLimited,
     Signal,
 )
+from gridd.adapters.beat import Beat
 from gridd.adapters.lines import LineSplitter
 from gridd.adapters.ratelimit import LIMIT_WORD, detect_rate_limit, parse_timestamp
-from gridd.agents.heartbeat import Beat
 
 QUESTION_TYPES = frozenset(
     {"permission", "decision", "clarification", "human-verify", "human-action"}

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gridd.adapters.base import Adapter, Ask, Signal
+from gridd.adapters.beat import Beat
 from gridd.adapters.heartbeat import QUESTION_TYPES, HeartbeatAdapter, one_line
 from gridd.adapters.lines import LineSplitter
 from gridd.adapters.packs import PACKS
 from gridd.adapters.ratelimit import detect_rate_limit
-from gridd.agents.heartbeat import Beat
 from gridd.errors import ConfigError, ValidationFailed
 
 MAX_PROMPT = 2048  # longer waiting lines are output, not prompts

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gridd.adapters import base
-from gridd.agents.heartbeat import Beat, HeartbeatReader
+from gridd.adapters.beat import Beat, HeartbeatReader
 from gridd.agents.output import Chunk, OutputLog
 
 MAX_SUMMARY = 4000

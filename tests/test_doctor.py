@@ -3,7 +3,6 @@ a healthy workspace passes with exit 0. Real files, processes, locks and program
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from gridd import trust
 from tests.helpers import gridctl, running_daemon, write_config
 
 
@@ -84,7 +84,6 @@ def test_a_missing_agent_binary_fails_naming_the_config_key(
             """
         ),
     )
-    trust(repo, env)
     code, checks = doctor(repo, {**env, "PATH": f"{tmp_path / 'bin'}:{env['PATH']}"})
     assert code == 1
     missing = checks["binary no-such-agent-xyz"]
@@ -159,24 +158,23 @@ def test_a_stale_pid_file_and_socket_are_warnings(repo: Path, env: dict[str, str
     assert code == 0  # gridd copes with both by itself
 
 
-def trust(repo: Path, env: dict[str, str]) -> None:
-    """Record the config as trusted, in the format TEAM.md fixes for gridd/trust.py."""
-    config = (repo / ".grid" / "config.toml").resolve()
-    store = Path(env["XDG_STATE_HOME"]) / "gridd" / "trusted.json"
-    store.parent.mkdir(parents=True, exist_ok=True)
-    store.write_text(json.dumps({str(config): hashlib.sha256(config.read_bytes()).hexdigest()}))
+def commit_config(repo: Path) -> None:
+    """A config that came with the repository (committed), which is what needs trust."""
+    subprocess.run(["git", "-C", str(repo), "add", "-f", ".grid/config.toml"], check=True)
+    subprocess.run(["git", "-C", str(repo), "commit", "-qm", "config"], check=True)
 
 
-def test_an_untrusted_config_fails_and_a_trusted_one_passes(
+def test_an_untrusted_committed_config_fails_and_a_trusted_one_passes(
     repo: Path, env: dict[str, str]
 ) -> None:
     write_config(repo, '[agents.mine]\ncommand = ["sh", "-c", "echo hi"]\n')
+    commit_config(repo)
     code, checks = doctor(repo, env)
     assert code == 1
     assert checks["config trust"]["verdict"] == "fail"
-    assert "not trusted" in checks["config trust"]["detail"]
+    assert "not trusted yet" in checks["config trust"]["detail"]
     assert "gridctl trust" in checks["config trust"]["fix"]
-    trust(repo, env)
+    trust.record(repo / ".grid" / "config.toml", env)  # what `gridctl trust` writes
     code, checks = doctor(repo, env)
     assert checks["config trust"]["verdict"] == "ok", checks["config trust"]
     assert code == 0, checks
@@ -185,6 +183,16 @@ def test_an_untrusted_config_fails_and_a_trusted_one_passes(
     code, checks = doctor(repo, env)
     assert code == 1
     assert "changed since it was trusted" in checks["config trust"]["detail"]
+
+
+def test_a_config_written_in_this_clone_needs_no_trust_as_the_daemon_agrees(
+    repo: Path, env: dict[str, str]
+) -> None:
+    write_config(repo, '[agents.mine]\ncommand = ["sh", "-c", "echo hi"]\n')
+    code, checks = doctor(repo, env)
+    assert checks["config trust"]["verdict"] == "ok", checks["config trust"]
+    assert "not committed" in checks["config trust"]["detail"]
+    assert code == 0, checks
 
 
 def test_a_corrupt_database_fails(repo: Path, env: dict[str, str]) -> None:

@@ -204,7 +204,7 @@ def run_checks(ws: Workspace, environ: dict[str, str]) -> list[Check]:
         checks.append(Check("config", "fail", exc.message, f"fix {ws.config_path}"))
     else:
         checks += check_binaries(configured_commands(settings, ws.root), environ)
-    checks.append(check_trust(ws.config_path, environ))
+    checks.append(check_trust(ws.root, ws.config_path, environ))
     checks.append(check_grid_dir(ws.grid_dir, os.getuid()))
     checks.append(check_socket(ws.socket_path, os.getuid(), answering=pid is not None))
     checks += check_pid_and_lock(ws, pid)

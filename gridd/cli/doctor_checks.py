@@ -8,18 +8,17 @@ database (read-only) and the daemon. Nothing here changes anything.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import resource
 import shutil
 import stat
 import subprocess
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from gridd import trust
 
 Verdict = Literal["ok", "warn", "fail"]
 
@@ -85,28 +84,6 @@ def disk_verdict(free: int) -> Verdict:
 
 def fd_verdict(soft: int) -> Verdict:
     return "ok" if soft == resource.RLIM_INFINITY or soft >= FD_MIN else "warn"
-
-
-def names_a_command(data: Any) -> bool:
-    """Whether a parsed config names anything gridd would run (a key holding "command")."""
-    if isinstance(data, dict):
-        return any(
-            ("command" in str(k) and v not in (None, [], "")) or names_a_command(v)
-            for k, v in data.items()
-        )
-    if isinstance(data, list):
-        return any(names_a_command(v) for v in data)
-    return False
-
-
-def recorded_sha(entry: Any) -> str | None:
-    """The sha256 a ``trusted.json`` entry records (a string, or an object with one)."""
-    if isinstance(entry, str):
-        return entry
-    if isinstance(entry, dict):
-        value = entry.get("sha256") or entry.get("hash")
-        return str(value) if value else None
-    return None
 
 
 # -- the checks ----------------------------------------------------------------------------------
@@ -244,41 +221,19 @@ def check_fd_limit(daemon_pid: int | None) -> Check:
     )
 
 
-def trust_file(environ: dict[str, str]) -> Path:
-    base = environ.get("XDG_STATE_HOME") or str(
-        Path(environ.get("HOME", "~")).expanduser() / ".local" / "state"
-    )
-    return Path(base) / "gridd" / "trusted.json"
-
-
-def check_trust(config: Path, environ: dict[str, str]) -> Check:
+def check_trust(root: Path, config: Path, environ: dict[str, str]) -> Check:
+    """The daemon's own verdict (``gridd.trust``): a committed config that names commands
+    must be trusted by sha256; one written in this clone is the user's own."""
     try:
-        raw = config.read_bytes()
-    except FileNotFoundError:
-        return Check("config trust", "ok", "no .grid/config.toml: nothing to trust")
-    try:
-        data = tomllib.loads(raw.decode())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        return Check("config", "fail", f"{config} is not valid TOML: {exc}", f"fix {config}")
-    if not names_a_command(data):
-        return Check("config trust", "ok", f"{config} names no command: nothing to trust")
-    digest = hashlib.sha256(raw).hexdigest()
-    store = trust_file(environ)
-    try:
-        entries = json.loads(store.read_text())
-    except (FileNotFoundError, ValueError):
-        entries = {}
-    if isinstance(entries, dict) and isinstance(entries.get("trusted"), dict):
-        entries = entries["trusted"]
-    recorded = (
-        recorded_sha(entries.get(str(config.resolve()))) if isinstance(entries, dict) else None
-    )
-    if recorded == digest:
-        return Check("config trust", "ok", f"{config} is trusted (sha256 {digest[:12]})")
-    why = "changed since it was trusted" if recorded else "not trusted"
+        verdict = trust.assess(root, config, environ)
+    except OSError as exc:
+        return Check("config trust", "fail", f"cannot read {config}: {exc}", f"check {config}")
+    if verdict.trusted:
+        return Check("config trust", "ok", f"{config}: {verdict.reason}")
     return Check(
         "config trust",
         "fail",
-        f"{config} names commands and is {why}: gridd will not run them",
+        f"{config} is committed, names commands ({', '.join(verdict.commands)}) and is"
+        f" {verdict.reason}: gridd will not run them",
         "read it, then: gridctl trust",
     )

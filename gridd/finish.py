@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -65,7 +64,6 @@ class Finisher:
         self.pool = pool
         self.worktrees = worktrees
         self.questions = questions
-        self.failures: dict[str, list[float]] = {}  # task id -> monotonic failure times
 
     async def finish(self, agent_id: str, status: ExitStatus, run: RunWatch) -> None:
         agent = self.state.agents[agent_id]
@@ -172,10 +170,11 @@ class Finisher:
         failed = status.code != 0 or agent.stop_reason is not None
         recent = 0
         if wants and failed and not run.continue_requested:
-            now = time.monotonic()
-            window = self.settings.scheduler.flap_window_seconds
-            times = [t for t in self.failures.get(task.id, []) if now - t <= window] + [now]
-            self.failures[task.id] = times
+            # Persisted with the task (wall clock): a restart does not reset the flap count.
+            now = utcnow()
+            window = timedelta(seconds=self.settings.scheduler.flap_window_seconds)
+            times = [t for t in task.failure_times if now - t <= window] + [now]
+            task = self.state.update_task(task.id, failure_times=times)
             recent = len(times)
         return RunFacts(
             exit_code=status.exit_code,
@@ -331,13 +330,14 @@ class Finisher:
             },
         )
         if isinstance(outcome, Retry):
-            self.pool.not_before[task.id] = time.monotonic() + self.pool.backoff(task.attempts)
+            until = self.pool.back_off(task.id, task.attempts)
             move_task(
                 self.state,
                 task.id,
                 TaskStatus.READY,
                 reason="attempt failed; retrying",
                 error=error,
+                backoff_until=until,
                 sessions=0,
                 summary=None,
             )

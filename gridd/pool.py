@@ -15,6 +15,7 @@ import re
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from gridd.adapters import base
@@ -28,7 +29,15 @@ from gridd.errors import Conflict, GriddError, StoreError
 from gridd.events import EventBus
 from gridd.health import LAUNCH_HINT, Limits, Verdict, assess, next_change
 from gridd.lifecycle import move_agent, move_task
-from gridd.model import Agent, AgentStatus, Question, Task, TaskStatus, utcnow
+from gridd.model import (
+    TERMINAL_TASK_STATUSES,
+    Agent,
+    AgentStatus,
+    Question,
+    Task,
+    TaskStatus,
+    utcnow,
+)
 from gridd.plan import RATE_LIMIT_RESET
 from gridd.questions import QuestionBook
 from gridd.settings import AgentProfile, Settings
@@ -133,6 +142,7 @@ class AgentPool:
         #: Called before the first agent of a task from an external source starts;
         #: False means someone else owns the task (e.g. a lost beads claim).
         self.claimers: dict[str, Callable[[Task], Awaitable[bool]]] = {}
+        self._restore_backoffs()
         #: Set by the composition root: finishes an agent run (``finish.Finisher.finish``).
         self.on_exit: Callable[[str, ExitStatus, RunWatch], Awaitable[None]] | None = None
 
@@ -143,6 +153,22 @@ class AgentPool:
         return float(
             min(sched.backoff_max_seconds, sched.backoff_seconds * 2 ** max(0, attempts - 1))
         )
+
+    def back_off(self, task_id: str, attempts: int) -> datetime:
+        """Hold the task back after a failure: a monotonic deadline for the scheduler, and
+        the wall-clock deadline returned to be persisted with the task (``backoff_until``)."""
+        delay = self.backoff(attempts)
+        self.not_before[task_id] = time.monotonic() + delay
+        return utcnow() + timedelta(seconds=delay)
+
+    def _restore_backoffs(self) -> None:
+        """A restart keeps every persisted backoff (as the time still left of it)."""
+        now_wall, now = utcnow(), time.monotonic()
+        for task in self.state.tasks.values():
+            if task.backoff_until is not None and task.status not in TERMINAL_TASK_STATUSES:
+                left = (task.backoff_until - now_wall).total_seconds()
+                if left > 0:
+                    self.not_before[task.id] = now + left
 
     async def start(self, task_id: str, profile_name: str) -> None:
         """Spawn an agent for a task already marked ``working``. Failures retry later."""
@@ -177,7 +203,7 @@ class AgentPool:
                     await self.worktrees.discard(made)
                 if isinstance(claimed, BaseException):
                     # bd could not answer: not an attempt, the claim is tried again later.
-                    self.not_before[task_id] = time.monotonic() + self.backoff(1)
+                    until = self.back_off(task_id, 1)
                     self.bus.publish(
                         "task.start_failed", {"taskId": task_id, "error": f"claim: {claimed}"}
                     )
@@ -187,6 +213,7 @@ class AgentPool:
                         TaskStatus.READY,
                         reason="claim failed; retrying",
                         error=f"claim: {claimed}",
+                        backoff_until=until,
                     )
                     return
                 move_task(
@@ -329,7 +356,7 @@ class AgentPool:
                 error=message,
             )
         else:
-            self.not_before[task_id] = time.monotonic() + self.backoff(attempts)
+            until = self.back_off(task_id, attempts)
             move_task(
                 self.state,
                 task_id,
@@ -337,6 +364,7 @@ class AgentPool:
                 reason="could not start; retrying",
                 attempts=attempts,
                 error=message,
+                backoff_until=until,
             )
 
     def _task_agents(self, task_id: str) -> list[Agent]:

@@ -209,7 +209,13 @@ class Scheduler:
                     status_updates = {}
                 task = self.state.tasks[action.task_id]
                 if task.status != TaskStatus.WORKING:
-                    move_task(self.state, task.id, TaskStatus.WORKING, reason="scheduled")
+                    move_task(
+                        self.state,
+                        task.id,
+                        TaskStatus.WORKING,
+                        reason="scheduled",
+                        backoff_until=None,
+                    )
                 self.pool.not_before.pop(task.id, None)
                 self.pool.starting.add(task.id)
                 self.background.spawn(f"start:{task.id}", self.pool.start(task.id, action.profile))

@@ -35,13 +35,18 @@ def trust_file(environ: Mapping[str, str]) -> Path:
     return Path(base) / "gridd" / "trusted.json"
 
 
+#: argv settings whose names do not say "command" (the merge queue's gate check).
+RUNNABLE_KEYS = frozenset({"merge.check"})
+
+
 def command_keys(data: Any, prefix: str = "") -> list[str]:
     """The dotted keys of a parsed config that name something gridd would run."""
     keys: list[str] = []
     if isinstance(data, dict):
         for key, value in data.items():
             dotted = f"{prefix}{key}"
-            if "command" in str(key) and value not in (None, [], ""):
+            runnable = "command" in str(key) or dotted in RUNNABLE_KEYS
+            if runnable and value not in (None, [], ""):
                 keys.append(dotted)
             else:
                 keys += command_keys(value, dotted + ".")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gridd import trust
 from tests.helpers import GRIDD, gridctl, running_daemon, write_config
 
 
@@ -81,6 +82,22 @@ def test_a_config_written_in_the_clone_needs_no_trust(repo: Path, tmp_path: Path
         assert d.client().get("/health")["status"] == "ok"
     check = gridctl(repo, "trust", "--check", env=_env(tmp_path / "state"))
     assert check.returncode == 0 and "not committed" in check.stdout
+
+
+def test_a_committed_merge_gate_check_needs_trust_like_any_command(
+    repo: Path, tmp_path: Path
+) -> None:
+    """``[merge] check`` is an argv gridd runs on every merge, though its name says nothing
+    of commands: a cloned repository must not run it before the user trusts it."""
+    write_config(repo, "[merge]\ncheck = ['sh', '-c', 'echo pwned']\n")
+    subprocess.run(["git", "-C", str(repo), "add", "-f", ".grid/config.toml"], check=True)
+    subprocess.run(["git", "-C", str(repo), "commit", "-qm", "gate"], check=True)
+    config = repo / ".grid" / "config.toml"
+    verdict = trust.assess(repo, config, _env(tmp_path / "state"))
+    assert not verdict.trusted
+    assert verdict.commands == ("merge.check",)
+    check = gridctl(repo, "trust", "--check", env=_env(tmp_path / "state"))
+    assert check.returncode != 0
 
 
 @pytest.mark.parametrize("name", [".grid", "gridd.log", "gridd.db", "runs", "worktrees"])

@@ -109,11 +109,16 @@ def start_daemon(root: Path, *, wait: bool = True, env: dict[str, str] | None = 
     daemon = DaemonProc(root=root, proc=proc)
     if wait:
         sock = daemon.sock
-        wait_for(
-            lambda: socket_answers(sock) or proc.poll() is not None,
-            timeout=15,
-            message="gridd to answer /health",
-        )
+        try:
+            wait_for(
+                lambda: socket_answers(sock) or proc.poll() is not None,
+                timeout=15,
+                message="gridd to answer /health",
+            )
+        except AssertionError:
+            proc.kill()  # a test that gives up on its daemon must not leave it running
+            proc.wait()
+            raise
         if proc.poll() is not None:
             out = (root / ".gridd-test-stderr").read_text()
             raise AssertionError(f"gridd exited with {proc.returncode}: {out}")

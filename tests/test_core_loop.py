@@ -4,12 +4,15 @@ process group, stopping a session (gracefully, forcibly, or by the STOP file) ke
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
-from gridd.client import GridClient, SSEEvent
+from gridd.client import GridClient
 from tests.helpers import (
     agent_command,
     core_daemon,
@@ -31,18 +34,16 @@ def status(c: GridClient, task_id: str) -> str:
     return str(c.get(f"/tasks/{task_id}")["status"])
 
 
-def peak_concurrency(events: Sequence[SSEEvent]) -> int:
-    """Most agents alive at once, replaying spawned/ended events in log order."""
-    live: set[str] = set()
-    peak = 0
-    for event in sorted(events, key=lambda e: e.id or 0):
-        if event.type == "agent.spawned":
-            assert event.data["agentId"] not in live
-            live.add(event.data["agentId"])
-            peak = max(peak, len(live))
-        elif event.type in AGENT_END:
-            live.discard(event.data["agentId"])
-    return peak
+def peak_live_agents(agents: Sequence[dict[str, Any]]) -> int:
+    """Most agent processes alive at once: each from its recorded start to the exit time its
+    shim wrote to ``exit.json``. Not from events: a slot is free from the agent's exit, before
+    its work is committed and ``agent.completed`` published, so events overstate overlap."""
+    spans = []
+    for agent in agents:
+        ended = json.loads((Path(agent["runDir"]) / "exit.json").read_text())["endedAt"]
+        started = datetime.fromisoformat(agent["startedAt"].replace("Z", "+00:00"))
+        spans.append((started.timestamp(), float(ended)))
+    return max(sum(1 for s, e in spans if s <= start < e) for start, _ in spans)
 
 
 def git(root: Path, *args: str) -> str:
@@ -108,7 +109,7 @@ def test_a_three_wave_plan_runs_in_dependency_order_within_max_agents(repo: Path
             (e.id, e.type, e.data.get("taskId"), e.data.get("agentId")) for e in events
         ]
         assert [e.type for e in events if e.type in AGENT_END] == ["agent.completed"] * 8
-        assert peak_concurrency(events) == 2
+        assert peak_live_agents(c.get("/agents", params={"all": "1"})) == 2
         # A task started only after each of its dependencies had completed.
         completed_at = {e.data["taskId"]: e.id for e in events if e.type == "agent.completed"}
         for e in spawned:
@@ -150,12 +151,13 @@ def test_a_profile_concurrency_limit_holds_even_while_agents_are_starting(repo: 
         for spec in tasks:
             wait_task_status(c, spec["id"], "review", timeout=60)
         events = event_log(c, types=AGENT_EVENTS)
+        agents = c.get("/agents", params={"all": "1"})
     for profile, limit in (("solo", 1), ("duo", 2)):
         mine = [e for e in events if e.data["agentId"].startswith(f"{profile}-")]
         assert len([e for e in mine if e.type == "agent.spawned"]) == len(
             [t for t in tasks if t["agent"] == profile]
         )
-        assert peak_concurrency(mine) <= limit, profile
+        assert peak_live_agents([a for a in agents if a["profile"] == profile]) <= limit, profile
 
 
 def test_the_bundled_example_agent_leaves_its_work_on_the_task_branch(repo: Path) -> None:

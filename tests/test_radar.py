@@ -4,14 +4,17 @@ decisions tested as pure functions, the radar itself on a real daemon and reposi
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gridd.git.radar import held, overlaps
+from gridd.git.radar import held, overlaps, uncommitted
 from gridd.model import Task, TaskStatus
 from tests.helpers import (
     agent_command,
@@ -45,6 +48,29 @@ def test_hold_policy_holds_a_ready_task_whose_declared_files_a_live_task_changes
         Task(id="undeclared", title="u", status=TaskStatus.READY),
     ]
     assert held(tasks, {"live": frozenset({"api.py"})}) == frozenset({"clash"})
+
+
+def test_the_radar_reads_a_worktree_without_taking_its_index_lock(tmp_path: Path) -> None:
+    """A stale index (a tracked file touched, content unchanged) is what plain ``git status``
+    rewrites under ``index.lock``; the radar polls live worktrees, so it must not."""
+
+    def run(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    run("init", "-q")
+    (tmp_path / "kept.txt").write_text("same\n")
+    run("add", "kept.txt")
+    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
+    index = tmp_path / ".git" / "index"
+    stale = index.stat().st_mtime_ns - 5_000_000_000
+    os.utime(tmp_path / "kept.txt", ns=(stale, stale))  # stat info no longer matches
+    (tmp_path / "new.txt").write_text("agent's work\n")
+    before = index.stat().st_mtime_ns
+
+    assert asyncio.run(uncommitted(tmp_path)) == frozenset({"new.txt"})
+    assert index.stat().st_mtime_ns == before  # the index was not rewritten
+    subprocess.run(["git", "-C", str(tmp_path), "status"], check=True, capture_output=True)
+    assert index.stat().st_mtime_ns != before  # while plain git status would have
 
 
 @pytest.fixture

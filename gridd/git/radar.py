@@ -85,6 +85,23 @@ def held(tasks: Iterable[Task], changed: Mapping[str, frozenset[str]]) -> frozen
     )
 
 
+async def uncommitted(path: Path) -> frozenset[str]:
+    """Files changed but not committed in a worktree, read without writing to it: plain
+    ``git status`` refreshes the index under ``index.lock``, which would make the agent's
+    own git, or the merge queue's commit in that worktree, fail while the radar looks."""
+    status = await git(
+        path,
+        "--no-optional-locks",
+        "status",
+        "--porcelain",
+        "-z",
+        "--untracked-files=all",
+        "--no-renames",
+        check=False,
+    )
+    return frozenset(entry[3:] for entry in status.out.split("\0") if len(entry) > 3)
+
+
 def item_id(kind: str, tasks: tuple[str, ...]) -> str:
     return f"{kind}:{'+'.join(tasks)}"
 
@@ -217,16 +234,7 @@ class Radar:
             files |= {f for f in diff.out.split("\0") if f}
         path = Path(task.worktree) if task.worktree else None
         if path is not None and (path / ".git").exists():
-            status = await git(
-                path,
-                "status",
-                "--porcelain",
-                "-z",
-                "--untracked-files=all",
-                "--no-renames",
-                check=False,
-            )
-            files |= {entry[3:] for entry in status.out.split("\0") if len(entry) > 3}
+            files |= await uncommitted(path)
         seen.files = frozenset(files)
 
     async def _tip(self, branch: str) -> str | None:

@@ -45,7 +45,7 @@ from bench.common import (
     RawHTTP,
     make_repo,
     median,
-    percentile,
+    ms_summary,
     remove_repo,
     result,
     running_gridd,
@@ -430,12 +430,7 @@ def run(quick: bool) -> dict[str, Any]:
         ratio_label="gridd median / baseline median",
         figures={
             "runs": runs,
-            "gridd_ms": {
-                "p50": round(gridd_ms, 2),
-                "min": round(min(gridd) * 1000, 2),
-                "p90": round(percentile(gridd, 90) * 1000, 2),
-                "max": round(max(gridd) * 1000, 2),
-            },
+            "gridd_ms": ms_summary(gridd),
             "agent": TRIVIAL_AGENT,
         },
         quick=quick,

@@ -87,6 +87,16 @@ def median(values: Sequence[float]) -> float:
     return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
+def ms_summary(seconds: Sequence[float]) -> dict[str, float]:
+    """p50, min, p90 and max of timings in seconds, as milliseconds (2 decimals)."""
+    return {
+        "p50": round(median(seconds) * 1000, 2),
+        "min": round(min(seconds) * 1000, 2),
+        "p90": round(percentile(seconds, 90) * 1000, 2),
+        "max": round(max(seconds) * 1000, 2),
+    }
+
+
 # -- workspaces ---------------------------------------------------------------------------------
 
 

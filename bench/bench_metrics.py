@@ -110,9 +110,9 @@ def _socket_part(scrapes: int) -> dict[str, Any]:
 
 
 async def _scheduler_part(rounds: int) -> dict[str, Any]:
-    from gridd.requests import PlanSpec, SessionStart, normalise_plan
-    from gridd.service import Grid
+    from gridd.grid import Grid
     from gridd.settings import AgentProfile, SchedulerSettings, Settings
+    from gridd.specs import PlanSpec, SessionStart, normalise_plan
     from gridd.store import Store
     from gridd.workspace import Workspace
 

@@ -102,9 +102,9 @@ def _ms(values: list[float], p: float) -> float:
 
 
 async def _scheduler_part(plan: list[dict[str, Any]], *, idle: int, forced: int) -> dict[str, Any]:
-    from gridd.requests import PlanSpec, SessionStart, normalise_plan
-    from gridd.service import Grid
+    from gridd.grid import Grid
     from gridd.settings import AgentProfile, SchedulerSettings, Settings
+    from gridd.specs import PlanSpec, SessionStart, normalise_plan
     from gridd.store import Store
     from gridd.workspace import Workspace
 

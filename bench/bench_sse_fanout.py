@@ -112,7 +112,7 @@ async def _baseline(n: int, subscribers: int, queue_size: int) -> dict[str, Any]
 async def _serving() -> AsyncIterator[Any]:
     """gridd's real Grid and app on a real uvicorn over a fresh workspace; yields the Grid."""
     from gridd.daemon import bind_socket, build_server
-    from gridd.service import Grid
+    from gridd.grid import Grid
     from gridd.settings import Settings
     from gridd.store import Store
     from gridd.workspace import Workspace

@@ -34,7 +34,7 @@ from gridd.adapters.registry import get_adapter
 from gridd.api import create_app
 from gridd.api.protocol import ConnectionGate, gridd_protocol
 from gridd.errors import AlreadyRunning, ConfigError, GriddError, WorkspaceError
-from gridd.service import Grid
+from gridd.grid import Grid
 from gridd.settings import Settings, load_settings
 from gridd.store import Store
 from gridd.workspace import Workspace, find_workspace

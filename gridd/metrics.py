@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from gridd.model import Event
 
 if TYPE_CHECKING:
-    from gridd.service import Grid
+    from gridd.grid import Grid
 
 #: Ready -> started is spawn latency plus queueing behind the agent limit: ms to hours.
 WAIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400)

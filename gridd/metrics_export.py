@@ -40,7 +40,7 @@ from gridd.metrics import (
 from gridd.model import AgentStatus, TaskStatus, utcnow
 
 if TYPE_CHECKING:
-    from gridd.service import Grid
+    from gridd.grid import Grid
 
 
 def _histogram(name: str, help_: str, buckets: Buckets) -> Metric:

@@ -27,8 +27,8 @@ from gridd.agents.watch import Poll, RunWatch
 from gridd.background import Background
 from gridd.errors import Conflict, GriddError, StoreError
 from gridd.events import EventBus
-from gridd.health import LAUNCH_HINT, Limits, Verdict, assess, next_change
 from gridd.lifecycle import move_agent, move_task
+from gridd.liveness import LAUNCH_HINT, Limits, Verdict, assess, next_change
 from gridd.model import (
     TERMINAL_TASK_STATUSES,
     Agent,

@@ -201,7 +201,7 @@ class InProcessDaemon:
     """The real app on a real uvicorn server and socket, inside the test's event loop, so a
     test can publish events straight onto the bus."""
 
-    grid: object  # gridd.service.Grid
+    grid: object  # gridd.grid.Grid
     sock: Path
     server: object  # gridd.daemon._Server
 
@@ -212,7 +212,7 @@ async def inprocess_daemon(root: Path, config: dict | None = None):  # type: ign
     import asyncio
 
     from gridd.daemon import bind_socket, build_server
-    from gridd.service import Grid
+    from gridd.grid import Grid
     from gridd.settings import parse_settings
     from gridd.store import Store
     from gridd.workspace import Workspace

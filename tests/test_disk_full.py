@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from gridd.model import TaskStatus
-from gridd.requests import TaskSpec
+from gridd.specs import TaskSpec
 from tests.helpers import (
     FAST_SCHEDULER,
     EventFollower,
@@ -131,7 +131,7 @@ async def test_agent_watcher_survives_a_state_database_that_cannot_be_written(
     from typing import cast
 
     from gridd.errors import StoreError
-    from gridd.service import Grid
+    from gridd.grid import Grid
     from gridd.store import Store
 
     control = tmp_path / "control"

@@ -24,7 +24,7 @@ import pytest
 from gridd.api.sse import EventStream
 from gridd.client import SSEEvent, SSEParser
 from gridd.events import EventBus
-from gridd.service import Grid
+from gridd.grid import Grid
 from gridd.settings import Settings, parse_settings
 from gridd.store import Store
 from tests.helpers import (

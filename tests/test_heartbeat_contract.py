@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gridd.adapters.beat import Beat, HeartbeatReader, parse_beat
-from gridd.health import Limits, Verdict, assess
+from gridd.liveness import Limits, Verdict, assess
 
 
 def test_only_status_is_required_and_cost_is_read_when_numeric() -> None:

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from gridd.agents.wakeups import Wakeups
-from gridd.health import Limits, assess, next_change
-from gridd.requests import PlanSpec, SessionStart, normalise_plan
-from gridd.service import Grid
+from gridd.grid import Grid
+from gridd.liveness import Limits, assess, next_change
+from gridd.specs import PlanSpec, SessionStart, normalise_plan
 from tests.helpers import agent_command, inprocess_daemon, kill_workspace_agents
 
 

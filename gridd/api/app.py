@@ -14,8 +14,8 @@ from gridd.api.errors import EXCEPTION_HANDLERS
 from gridd.api.metrics_http import RequestTimer
 from gridd.api.spec import grid_of, table, wire
 from gridd.api.sse import events_endpoint
+from gridd.grid import Grid
 from gridd.model import Health, RepoState, VersionInfo
-from gridd.service import Grid
 
 
 @table.add("GET", "/health", summary="Liveness check", response=Health)

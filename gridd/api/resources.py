@@ -25,7 +25,7 @@ from gridd.model import (
     TaskStatus,
     WireModel,
 )
-from gridd.requests import (
+from gridd.specs import (
     PlanSpec,
     Reject,
     Respond,

@@ -19,7 +19,7 @@ from gridd import API_VERSION, __version__
 from gridd.model import ErrorBody, WireModel
 
 if TYPE_CHECKING:
-    from gridd.service import Grid
+    from gridd.grid import Grid
 
 Handler = Callable[[Request], Awaitable[Response]]
 

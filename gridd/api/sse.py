@@ -22,8 +22,8 @@ from starlette.types import Receive, Scope, Send
 from gridd.api.errors import query_int
 from gridd.errors import BadRequest
 from gridd.events import Subscriber
+from gridd.grid import Grid
 from gridd.model import Event
-from gridd.service import Grid
 
 SNAPSHOT = "state.snapshot"
 RESET = "reset"

@@ -21,7 +21,7 @@ from gridd.cli import render_tasks
 from gridd.cli.context import EXIT_OK, Command, Context, group
 from gridd.errors import GriddError, ValidationFailed
 from gridd.plan import graph_problems, waves
-from gridd.requests import PlanSpec, TaskSpec, normalise_plan
+from gridd.specs import PlanSpec, TaskSpec, normalise_plan
 
 _SHAPE = "a plan is a mapping with a 'tasks:' list, or a bare list of tasks"
 

@@ -1,4 +1,4 @@
-"""Commands: what the API may ask for, checked against the state and recorded as intent.
+"""Intents: what the API may ask for, checked against the state and recorded as intent.
 
 Nothing here spawns or kills a process directly: a command changes the state (a task's
 status, the session) and wakes the scheduler, which converges the world to it. Every
@@ -24,9 +24,9 @@ from gridd.model import Agent, AgentStatus, Question, SessionState, Task, TaskSt
 from gridd.plan import graph_problems, readiness, undone_dependencies, waves
 from gridd.pool import AgentPool
 from gridd.questions import QuestionBook
-from gridd.requests import SessionStart, TaskPatch, TaskSpec
 from gridd.scheduler import Scheduler
 from gridd.settings import Settings
+from gridd.specs import SessionStart, TaskPatch, TaskSpec
 from gridd.state import GridState
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Request bodies of the API (validated with pydantic; unknown fields are refused).
+"""Request specs: the bodies of the API, validated with pydantic (unknown fields are refused).
 
 Text that can reach git (a title becomes a commit message, labels and profile names end up
 in argv and files) may not hold control characters; a prompt may hold newlines and tabs but

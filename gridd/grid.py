@@ -17,7 +17,6 @@ from pathlib import Path
 
 from gridd import API_VERSION, HANDOVER_PROTOCOL, __version__
 from gridd.background import Background
-from gridd.commands import Commands
 from gridd.dbguard import Problem
 from gridd.events import EventBus
 from gridd.finish import Finisher
@@ -25,6 +24,7 @@ from gridd.git import radar
 from gridd.git.conflicts import ConflictPolicy
 from gridd.git.merge import MergeQueue, PauseSeam
 from gridd.git.radar import Radar
+from gridd.intents import Commands
 from gridd.metrics import DaemonMetrics
 from gridd.model import (
     DaemonInfo,

@@ -243,10 +243,18 @@ class VersionInfo(WireModel):
 
 
 class Health(WireModel):
+    """``GET /health``: ``ok``, or ``degraded`` with the reasons (HTTP 503 when ``core``)."""
+
     status: str = "ok"
     pid: int
     uptime: float
     warnings: list[str] = Field(default_factory=list)
+    #: What is not working: supervised parts not up, and ``store`` while it cannot write.
+    degraded: list[str] = Field(default_factory=list)
+    #: Every supervised background part and its state: "up", "restarting" or "down".
+    parts: dict[str, str] = Field(default_factory=dict)
+    #: True when a core part is not up: /health then answers 503.
+    core_down: bool = False
 
 
 class ErrorDetail(BaseModel):

@@ -73,6 +73,26 @@ class EventSettings(_Section):
     )
 
 
+class SupervisorSettings(_Section):
+    """How crashed background parts (scheduler, watchers, notifier, ...) are restarted."""
+
+    backoff_seconds: float = Field(
+        default=0.5, gt=0, le=60, description="Wait before the first restart of a crashed part"
+    )
+    backoff_max_seconds: float = Field(
+        default=30.0, gt=0, le=3600, description="Longest wait between restarts (it doubles)"
+    )
+    flap_max: int = Field(
+        default=5, ge=1, le=1000, description="Crashes within flap_window_seconds that mark it down"
+    )
+    flap_window_seconds: float = Field(
+        default=60.0, gt=0, description="The window in which crashes are counted"
+    )
+    down_retry_seconds: float = Field(
+        default=60.0, gt=0, le=86400, description="A part marked down is tried again after this"
+    )
+
+
 class SchedulerSettings(_Section):
     """The reconcile loop and its defaults for sessions and tasks."""
 
@@ -311,6 +331,7 @@ class Settings(_Section):
     watch: WatchSettings = WatchSettings()
     notifications: NotificationSettings = NotificationSettings()
     merge: MergeSettings = MergeSettings()
+    supervisor: SupervisorSettings = SupervisorSettings()
 
     def profiles(self) -> dict[str, AgentProfile]:
         """Built-in profiles overlaid with the configured ones."""

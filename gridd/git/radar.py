@@ -123,7 +123,7 @@ class Radar:
     scans: int = 0
 
     def start(self) -> None:
-        self.background.spawn("conflict-radar", self.run())
+        self.background.supervise("conflict-radar", self.run)
 
     async def run(self) -> None:
         while True:

@@ -68,6 +68,8 @@ class Grid:
             store,
             queue_size=settings.events.subscriber_queue,
             queue_bytes=settings.events.subscriber_bytes,
+            total_bytes=settings.events.total_bytes,
+            stall_seconds=settings.events.stall_seconds,
         )
         self.background = Background(settings.supervisor)
         self.supervisor = self.background.supervisor

@@ -232,6 +232,7 @@ class Event(WireModel):
     _json: str | None = PrivateAttr(default=None)
     _sse: bytes | None = PrivateAttr(default=None)
     _nbytes: int = PrivateAttr(default=256)  # the encoded payload's size, for queue budgets
+    _holders: int = PrivateAttr(default=0)  # subscriber queues holding it (the bus's budget)
 
 
 class VersionInfo(WireModel):

@@ -60,6 +60,18 @@ class EventSettings(_Section):
         ge=64 * 1024,
         description="Bytes of events buffered per SSE client before it is dropped",
     )
+    total_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=64 * 1024,
+        description="Bytes of events buffered for all SSE clients together (an event counted"
+        " once); past it the client furthest behind is taken off live delivery",
+    )
+    stall_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="Past total_bytes, a client that took no event for this long is"
+        " disconnected; a slower one that still reads continues from the log",
+    )
     send_timeout_seconds: float = Field(
         default=10.0,
         gt=0,

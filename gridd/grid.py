@@ -184,7 +184,8 @@ class Grid:
         self.notifier.start()
         self.background.spawn("event-log-pruner", self._prune_loop())
         self.background.spawn("store-watch", self._store_watch_loop())
-        self.background.spawn("scheduler", self.scheduler.run())
+        if not self.settings.scheduler.step_mode:
+            self.background.spawn("scheduler", self.scheduler.run())
         self.merges.start()
         self.radar.start()
 

@@ -191,7 +191,8 @@ class Grid:
         self.notifier.start()
         self.background.supervise("event-log-pruner", self._prune_loop)
         self.background.supervise("store-watch", self._store_watch_loop, core=True)
-        self.background.supervise("scheduler", self.scheduler.run, core=True)
+        if not self.settings.scheduler.step_mode:
+            self.background.supervise("scheduler", self.scheduler.run, core=True)
         self.merges.start()
         self.radar.start()
 

@@ -109,6 +109,10 @@ class SchedulerSettings(_Section):
     """The reconcile loop and its defaults for sessions and tasks."""
 
     tick_seconds: float = Field(default=1.0, gt=0, le=60, description="Pass at least this often")
+    step_mode: bool = Field(
+        default=False,
+        description="The loop does not run by itself: only POST /scheduler/step reconciles",
+    )
     default_agent: str = Field(default="example", description="Profile for tasks that name none")
     max_agents: int = Field(default=3, ge=1, le=256, description="Default maxAgents of a session")
     max_attempts: int = Field(default=3, ge=1, le=100, description="Default maxAttempts of a task")

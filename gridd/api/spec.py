@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gridd import API_VERSION, __version__
+from gridd.ids import TASK_ID_RE
 from gridd.model import ErrorBody, WireModel
 
 if TYPE_CHECKING:
@@ -100,7 +101,13 @@ class RouteTable:
             op: dict[str, Any] = {"summary": ep.summary, "responses": {}}
             params = _path_params(ep.path)
             params += [
-                {"name": n, "in": "query", "required": False, "description": d, "schema": {}}
+                {
+                    "name": n,
+                    "in": "query",
+                    "required": False,
+                    "description": d,
+                    "schema": _param_schema(n),
+                }
                 for n, d in ep.query.items()
             ]
             if params:
@@ -164,6 +171,19 @@ class RouteTable:
         }
 
 
+#: What a query or path parameter accepts, by name, as the handlers parse it (a string
+#: otherwise). Kept next to the parsers' rules: ``query_int`` and the id checks.
+PARAM_SCHEMAS: dict[str, dict[str, Any]] = {
+    "limit": {"type": "integer", "minimum": 1},
+    "since": {"type": "integer", "minimum": 0},
+    "task_id": {"type": "string", "pattern": f"^{TASK_ID_RE.pattern}$"},
+}
+
+
+def _param_schema(name: str) -> dict[str, Any]:
+    return dict(PARAM_SCHEMAS.get(name, {"type": "string"}))
+
+
 def _ref(model: type[BaseModel]) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{model.__name__}"}
 
@@ -178,7 +198,7 @@ def _path_params(path: str) -> list[dict[str, Any]]:
         if part.startswith("{") and part.endswith("}"):
             name = part[1:-1].split(":")[0]
             params.append(
-                {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                {"name": name, "in": "path", "required": True, "schema": _param_schema(name)}
             )
     return params
 

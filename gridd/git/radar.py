@@ -7,10 +7,14 @@ tasks, and between a live task and what landed on the feature branch since the t
 branched, and predicts real textual conflicts with ``git merge-tree --write-tree`` (no
 worktree touched) from the branches' heads.
 
-Cheap by construction: a worktree is re-read only when its agent showed activity since the
-last look (and ``radar_seconds`` have passed), once more when it goes quiet, when its branch
-moved, or every ``IDLE_FACTOR * radar_seconds`` otherwise; predictions are cached by the pair
-of commits. The decisions (``overlaps``, ``held``) are pure functions.
+Cheap by construction: a worktree is re-read only when its agent did something since the
+last look (new output, or a change of status; heartbeats alone are not work) and
+``radar_seconds`` have passed, once more when it goes quiet, when its branch moved, or now
+and then otherwise (hand edits, or an agent that edits without printing): first
+``IDLE_FACTOR * radar_seconds`` after the last look, doubling while nothing changes up to
+``IDLE_MAX_FACTOR * radar_seconds``. So a daemon whose agents only send heartbeats is at rest:
+one ``for-each-ref`` per sweep and no per-worktree git. Predictions are cached by the pair of
+commits. The decisions (``overlaps``, ``held``, ``rescan_due``) are pure functions.
 """
 
 from __future__ import annotations
@@ -18,13 +22,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gridd.background import Background
 from gridd.events import EventBus
-from gridd.model import ConflictItem, Task, TaskStatus
+from gridd.model import Agent, ConflictItem, Task, TaskStatus
 from gridd.state import GridState
 from gridd.worktrees import git
 
@@ -33,8 +37,11 @@ log = logging.getLogger(__name__)
 LIVE = frozenset(
     {TaskStatus.WORKING, TaskStatus.REVIEW, TaskStatus.MERGING, TaskStatus.RATE_LIMITED}
 )
-#: A quiet worktree is still re-read this many radar periods apart (edits made by hand).
+#: A quiet worktree is still re-read this many radar periods after its last look (edits
+#: made by hand, or by an agent that prints nothing), the gap doubling while nothing changes
 IDLE_FACTOR = 10
+#: ... up to this many radar periods.
+IDLE_MAX_FACTOR = 100
 #: Cached diffs and predictions kept before the caches start over.
 CACHE_LIMIT = 4096
 
@@ -48,6 +55,7 @@ class Seen:
     activity: object = None  # the agent's activity fingerprint at the last look
     scanned: float = 0.0  # monotonic
     quiet_rescanned: bool = True
+    idle_gap: float = 0.0  # the wait before the next idle look (0: IDLE_FACTOR periods)
 
 
 # -- decisions (PURE) -----------------------------------------------------------------------
@@ -102,6 +110,31 @@ async def uncommitted(path: Path) -> frozenset[str]:
     return frozenset(entry[3:] for entry in status.out.split("\0") if len(entry) > 3)
 
 
+def activity_of(agent: Agent | None) -> object:
+    """What counts as an agent doing something: new output or a change of status. A
+    heartbeat (and the label it carries) only says the agent is alive; counting it made
+    every heartbeat-only agent's worktree re-read with git every period."""
+    return (agent.id, agent.output_seq, agent.status) if agent else None
+
+
+def rescan_due(
+    seen: Seen, *, head: str | None, activity: object, now: float, period: float
+) -> bool:
+    """Whether to re-read a worktree now; updates ``seen``'s quiet bookkeeping (PURE: no
+    I/O, the clock is passed in)."""
+    due = now - seen.scanned >= period
+    if seen.scanned == 0.0 or head != seen.head:
+        return True
+    if activity != seen.activity:
+        seen.quiet_rescanned = False
+        seen.idle_gap = 0.0
+        return due
+    if not seen.quiet_rescanned:
+        seen.quiet_rescanned = due  # it went quiet: one more look at what it left
+        return due
+    return now - seen.scanned >= (seen.idle_gap or IDLE_FACTOR * period)
+
+
 def item_id(kind: str, tasks: tuple[str, ...]) -> str:
     return f"{kind}:{'+'.join(tasks)}"
 
@@ -121,9 +154,10 @@ class Radar:
     _predictions: dict[tuple[str, str], list[str] | None] = field(default_factory=dict)
     _landed: dict[tuple[str, str], frozenset[str]] = field(default_factory=dict)
     scans: int = 0
+    clock: Callable[[], float] = time.monotonic
 
     def start(self) -> None:
-        self.background.spawn("conflict-radar", self.run())
+        self.background.supervise("conflict-radar", self.run)
 
     async def run(self) -> None:
         while True:
@@ -143,7 +177,7 @@ class Radar:
         if not live and not self.items:
             return
         heads = await self._heads()
-        now = time.monotonic()
+        now = self.clock()
         for task in live.values():
             await self._look(task, heads.get(task.branch or ""), now)
         feature = self.state.session.feature_branch
@@ -209,20 +243,9 @@ class Radar:
 
     async def _look(self, task: Task, head: str | None, now: float) -> None:
         seen = self.seen.setdefault(task.id, Seen(quiet_rescanned=False))
-        agent = self.state.agent_for_task(task.id)
-        activity = (agent.id, agent.output_seq, agent.last_heartbeat) if agent else None
-        due = now - seen.scanned >= self.period
-        if seen.scanned == 0.0 or head != seen.head:
-            scan = True
-        elif activity != seen.activity:
-            scan = due
-            seen.quiet_rescanned = False
-        elif not seen.quiet_rescanned:
-            scan = due  # it went quiet: one more look at what it left
-            seen.quiet_rescanned = scan
-        else:
-            scan = now - seen.scanned >= IDLE_FACTOR * self.period
-        if not scan:
+        activity = activity_of(self.state.agent_for_task(task.id))
+        idle = seen.quiet_rescanned and activity == seen.activity and head == seen.head
+        if not rescan_due(seen, head=head, activity=activity, now=now, period=self.period):
             return
         seen.activity, seen.head, seen.scanned = activity, head, now
         self.scans += 1
@@ -235,7 +258,13 @@ class Radar:
         path = Path(task.worktree) if task.worktree else None
         if path is not None and (path / ".git").exists():
             files |= await uncommitted(path)
-        seen.files = frozenset(files)
+        found = frozenset(files)
+        if idle and found == seen.files:  # nothing changed by hand: look less often
+            gap = 2 * (seen.idle_gap or IDLE_FACTOR * self.period)
+            seen.idle_gap = min(gap, IDLE_MAX_FACTOR * self.period)
+        else:
+            seen.idle_gap = 0.0
+        seen.files = found
 
     async def _tip(self, branch: str) -> str | None:
         res = await git(

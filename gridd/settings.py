@@ -60,6 +60,18 @@ class EventSettings(_Section):
         ge=64 * 1024,
         description="Bytes of events buffered per SSE client before it is dropped",
     )
+    total_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=64 * 1024,
+        description="Bytes of events buffered for all SSE clients together (an event counted"
+        " once); past it the client furthest behind is taken off live delivery",
+    )
+    stall_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="Past total_bytes, a client that took no event for this long is"
+        " disconnected; a slower one that still reads continues from the log",
+    )
     send_timeout_seconds: float = Field(
         default=10.0,
         gt=0,
@@ -70,6 +82,26 @@ class EventSettings(_Section):
     )
     snapshot_seconds: float = Field(
         default=30.0, ge=0.1, description="state.snapshot interval per stream"
+    )
+
+
+class SupervisorSettings(_Section):
+    """How crashed background parts (scheduler, watchers, notifier, ...) are restarted."""
+
+    backoff_seconds: float = Field(
+        default=0.5, gt=0, le=60, description="Wait before the first restart of a crashed part"
+    )
+    backoff_max_seconds: float = Field(
+        default=30.0, gt=0, le=3600, description="Longest wait between restarts (it doubles)"
+    )
+    flap_max: int = Field(
+        default=5, ge=1, le=1000, description="Crashes within flap_window_seconds that mark it down"
+    )
+    flap_window_seconds: float = Field(
+        default=60.0, gt=0, description="The window in which crashes are counted"
+    )
+    down_retry_seconds: float = Field(
+        default=60.0, gt=0, le=86400, description="A part marked down is tried again after this"
     )
 
 
@@ -321,6 +353,7 @@ class Settings(_Section):
     watch: WatchSettings = WatchSettings()
     notifications: NotificationSettings = NotificationSettings()
     merge: MergeSettings = MergeSettings()
+    supervisor: SupervisorSettings = SupervisorSettings()
 
     def profiles(self) -> dict[str, AgentProfile]:
         """Built-in profiles overlaid with the configured ones."""

@@ -39,6 +39,8 @@ class Endpoint:
     status: int = 200  # the success status the handler answers with
     body_list: bool = False  # the body may also be a list of ``body``
     body_types: tuple[str, ...] = ("application/json",)
+    #: Other statuses answered with the same response model: status -> description.
+    also: dict[int, str] = field(default_factory=dict)
 
 
 class RouteTable:
@@ -59,6 +61,7 @@ class RouteTable:
         status: int = 200,
         body_list: bool = False,
         body_types: tuple[str, ...] = ("application/json",),
+        also: dict[int, str] | None = None,
     ) -> Callable[[Handler], Handler]:
         def register(handler: Handler) -> Handler:
             self.endpoints.append(
@@ -75,6 +78,7 @@ class RouteTable:
                     status=status,
                     body_list=body_list,
                     body_types=body_types,
+                    also=also or {},
                 )
             )
             return handler
@@ -129,6 +133,8 @@ class RouteTable:
             elif ep.content_type != "application/json":
                 ok["content"] = {ep.content_type: {"schema": {"type": "string"}}}
             op["responses"][str(ep.status)] = ok
+            for status, description in ep.also.items():
+                op["responses"][str(status)] = {**ok, "description": description}
             error = {"application/json": {"schema": _ref(ErrorBody)}}
             op["responses"]["4XX"] = {"description": "Client error", "content": error}
             if ep.body is not None:

@@ -179,6 +179,9 @@ class AgentPool:
             self._start_failed(task_id, exc.message)
         except OSError as exc:
             self._start_failed(task_id, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # a bug still fails the attempt: never left `working`
+            log.exception("starting task %s failed unexpectedly", task_id)
+            self._start_failed(task_id, f"{type(exc).__name__}: {exc}")
         finally:
             self.starting.discard(task_id)
             self.state.flush()

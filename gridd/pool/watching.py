@@ -70,7 +70,7 @@ class Watcher:
         if not self._sweeping:
             self._sweeping = True
             self.wakeups.start()
-            self.ctx.background.spawn("agent-wakeups", self.wakeups.run())
+            self.ctx.background.supervise("agent-wakeups", self.wakeups.run, core=True)
         return self.wakeups.watch(
             handle.run_dir,
             unread=run.unread,

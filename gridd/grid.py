@@ -159,6 +159,7 @@ class Grid:
             root=workspace.root,
             background=self.background,
             period=settings.merge.radar_seconds,
+            looks_per_second=settings.merge.radar_looks_per_second,
         )
         if settings.merge.hold_overlapping:
             self.scheduler.held = lambda: radar.held(

@@ -27,6 +27,7 @@ from gridd.agents.watch import Poll, RunWatch
 from gridd.background import Background
 from gridd.errors import Conflict, GriddError, StoreError
 from gridd.events import EventBus
+from gridd.git.prepared import PreparedWorktrees
 from gridd.lifecycle import move_agent, move_task
 from gridd.liveness import LAUNCH_HINT, Limits, Verdict, assess, next_change
 from gridd.model import (
@@ -143,6 +144,8 @@ class AgentPool:
         #: False means someone else owns the task (e.g. a lost beads claim).
         self.claimers: dict[str, Callable[[Task], Awaitable[bool]]] = {}
         self._restore_backoffs()
+        #: Set by the composition root: worktrees made ahead (``git.prepared``), taken first.
+        self.prepared: PreparedWorktrees | None = None
         #: Set by the composition root: finishes an agent run (``finish.Finisher.finish``).
         self.on_exit: Callable[[str, ExitStatus, RunWatch], Awaitable[None]] | None = None
 
@@ -191,7 +194,7 @@ class AgentPool:
         adapter = get_adapter(profile.adapter, options=profile.adapter_options)
         session = self.state.session
         base_branch = session.feature_branch if session.started else None
-        making = self.worktrees.create(
+        making = (self.prepared or self.worktrees).create(
             task_id, base_branch, known_base=first.base_commit if first.branch else None
         )
         claimer = self.claimers.get(first.source)

@@ -42,6 +42,7 @@ from bench.common import (
     ROOT,
     Check,
     RawHTTP,
+    latency_baseline,
     make_repo,
     median,
     ms_summary,
@@ -204,13 +205,9 @@ def run(quick: bool) -> dict[str, Any]:
                 passed=gridd_ms <= TARGET_MS,
             )
         ],
-        baseline={
-            "what": "bd ready + bd update --claim + git worktree add -b + Popen, in series",
-            "value": round(base_ms, 2),
-            "unit": "ms",
-            "min_ms": round(min(base) * 1000, 2),
-            "max_ms": round(max(base) * 1000, 2),
-        },
+        baseline=latency_baseline(
+            "bd ready + bd update --claim + git worktree add -b + Popen, in series", base
+        ),
         ratio=ratio,
         ratio_label="gridd median / baseline median",
         figures={

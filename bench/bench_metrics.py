@@ -30,8 +30,9 @@ from typing import Any
 
 import psutil
 
-from bench.bench_spawn import agent_daemon, api, kill_agents
-from bench.common import Check, RawHTTP, make_repo, median, percentile, remove_repo, result
+from bench.bench_spawn import agent_daemon, api
+from bench.common import Check, RawHTTP, median, percentile, result
+from bench.inprocess import busy_grid
 
 NAME = "metrics"
 TASKS = 200
@@ -110,31 +111,7 @@ def _socket_part(scrapes: int) -> dict[str, Any]:
 
 
 async def _scheduler_part(rounds: int) -> dict[str, Any]:
-    from gridd.grid import Grid
-    from gridd.settings import AgentProfile, SchedulerSettings, Settings
-    from gridd.specs import PlanSpec, SessionStart, normalise_plan
-    from gridd.store import Store
-    from gridd.workspace import Workspace
-
-    root = make_repo()
-    ws = Workspace(root=root)
-    ws.ensure_grid_dir()
-    settings = Settings(
-        agents={"idle": AgentProfile(command=["sleep", "300"])},
-        scheduler=SchedulerSettings(default_agent="idle"),
-    )
-    store = Store.open(ws.db_path)
-    grid = Grid(workspace=ws, settings=settings, store=store)
-    try:
-        await grid.start()
-        grid.commands.create_tasks(PlanSpec.model_validate(normalise_plan({"tasks": PLAN})).tasks)
-        grid.commands.start_session(SessionStart.model_validate({"maxAgents": MAX_AGENTS}))
-        deadline = time.monotonic() + 30
-        while sum(1 for a in grid.state.live_agents() if a.pid) < MAX_AGENTS or grid.pool.starting:
-            if time.monotonic() > deadline:
-                raise RuntimeError("8 agents did not start")
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)
+    async with busy_grid(PLAN, max_agents=MAX_AGENTS) as (grid, _timings):
         listener = grid.metrics.events
         ready = [t.id for t in grid.state.tasks.values() if t.status.value == "ready"]
         times: dict[str, list[float]] = {"no scrapes": [], "scraping": [], "no listener": []}
@@ -166,16 +143,6 @@ async def _scheduler_part(rounds: int) -> dict[str, Any]:
             "passes_per_mode": len(times["scraping"]),
             "in_loop_scrape_ms": {"p50": _ms(renders, 50), "max": _ms(renders, 100)},
         }
-    finally:
-        if grid.state.session.started:
-            grid.commands.stop_session(force=True)
-        deadline = time.monotonic() + 10
-        while grid.pool.handles and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        await grid.stop()
-        store.close()
-        kill_agents(root)
-        remove_repo(root)
 
 
 def run(quick: bool) -> dict[str, Any]:

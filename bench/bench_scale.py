@@ -41,18 +41,17 @@ from typing import Any
 
 import psutil
 
-from bench.bench_spawn import api, kill_agents
+from bench.bench_spawn import api
 from bench.common import (
     Check,
     RawHTTP,
-    make_repo,
     median,
     percentile,
-    remove_repo,
     result,
     running_gridd,
     temp_repo,
 )
+from bench.inprocess import busy_grid
 from bench.scale_agents import measure
 
 NAME = "scale"
@@ -102,38 +101,7 @@ def _ms(values: list[float], p: float) -> float:
 
 
 async def _scheduler_part(plan: list[dict[str, Any]], *, idle: int, forced: int) -> dict[str, Any]:
-    from gridd.grid import Grid
-    from gridd.settings import AgentProfile, SchedulerSettings, Settings
-    from gridd.specs import PlanSpec, SessionStart, normalise_plan
-    from gridd.store import Store
-    from gridd.workspace import Workspace
-
-    root = make_repo()
-    ws = Workspace(root=root)
-    ws.ensure_grid_dir()
-    settings = Settings(
-        agents={"idle": AgentProfile(command=["sleep", "300"])},
-        scheduler=SchedulerSettings(default_agent="idle"),
-    )
-    store = Store.open(ws.db_path)
-    grid = Grid(workspace=ws, settings=settings, store=store)
-    try:
-        await grid.start()
-        started = time.perf_counter()
-        spec = PlanSpec.model_validate(normalise_plan({"tasks": plan}))
-        validated = time.perf_counter()
-        grid.commands.create_tasks(spec.tasks)
-        loaded = time.perf_counter()
-        grid.commands.start_session(SessionStart.model_validate({"maxAgents": MAX_AGENTS}))
-        deadline = time.monotonic() + 20
-        while True:
-            running = [a for a in grid.state.live_agents() if a.pid is not None]
-            if len(running) >= MAX_AGENTS and not grid.pool.starting:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"only {len(running)} of {MAX_AGENTS} agents started")
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)
+    async with busy_grid(plan, max_agents=MAX_AGENTS) as (grid, timings):
         scheduler = grid.scheduler
         forced_times = []
         for _ in range(forced):
@@ -153,8 +121,7 @@ async def _scheduler_part(plan: list[dict[str, Any]], *, idle: int, forced: int)
         for task in grid.state.tasks.values():
             statuses[task.status.value] = statuses.get(task.status.value, 0) + 1
         return {
-            "validate_s": round(validated - started, 3),
-            "create_tasks_s": round(loaded - validated, 3),
+            **timings,
             "statuses": statuses,
             "idle_passes": idle,
             "idle_passes_skipped": skipped,  # passes that found nothing changed
@@ -169,16 +136,6 @@ async def _scheduler_part(plan: list[dict[str, Any]], *, idle: int, forced: int)
                 "max": _ms(forced_times, 100),
             },
         }
-    finally:
-        if grid.state.session.started:
-            grid.commands.stop_session(force=True)
-        deadline = time.monotonic() + 10
-        while grid.pool.handles and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        await grid.stop()
-        store.close()
-        kill_agents(root)
-        remove_repo(root)
 
 
 # -- over the socket: a real daemon ----------------------------------------------------------------

@@ -43,6 +43,7 @@ from bench.common import (
     Check,
     Gridd,
     RawHTTP,
+    latency_baseline,
     make_repo,
     median,
     ms_summary,
@@ -419,13 +420,9 @@ def run(quick: bool) -> dict[str, Any]:
                 passed=ratio <= TARGET_RATIO,
             )
         ],
-        baseline={
-            "what": "git worktree add -b + Popen of the same agent, until Popen returns",
-            "value": round(base_ms, 2),
-            "unit": "ms",
-            "min_ms": round(min(base) * 1000, 2),
-            "max_ms": round(max(base) * 1000, 2),
-        },
+        baseline=latency_baseline(
+            "git worktree add -b + Popen of the same agent, until Popen returns", base
+        ),
         ratio=ratio,
         ratio_label="gridd median / baseline median",
         figures={

@@ -97,6 +97,17 @@ def ms_summary(seconds: Sequence[float]) -> dict[str, float]:
     }
 
 
+def latency_baseline(what: str, seconds: Sequence[float]) -> dict[str, Any]:
+    """The ``baseline`` block of a latency benchmark: what it is, its median and range (ms)."""
+    return {
+        "what": what,
+        "value": round(median(seconds) * 1000, 2),
+        "unit": "ms",
+        "min_ms": round(min(seconds) * 1000, 2),
+        "max_ms": round(max(seconds) * 1000, 2),
+    }
+
+
 # -- workspaces ---------------------------------------------------------------------------------
 
 

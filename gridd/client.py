@@ -44,6 +44,8 @@ class SSEEvent:
 def raise_for_error(response: httpx.Response) -> None:
     if response.status_code < 400:
         return
+    if response.status_code == 503 and response.url.path == "/health":
+        return  # a degraded daemon's health report is an answer, not an error
     try:
         body = response.json()["error"]
         code, message, details = body["code"], body["message"], body.get("details")

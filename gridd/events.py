@@ -5,12 +5,19 @@
 are handed out strictly increasing, in the order subscribers receive them, never reused. Each subscriber owns a bounded queue;
 one that falls behind is dropped (it resumes from its last id with Last-Event-ID and loses
 nothing) so a slow client can never slow the others or grow memory without bound.
+
+All queues together are bounded too (``total_bytes``): an event shared by fifty queues is
+counted once, while any queue holds it. Past the bound the subscriber furthest behind is
+taken off live delivery: one that took nothing for ``stall_seconds`` is dropped (its stream
+ends; the client reconnects with Last-Event-ID), one that is reading, however slowly, is
+marked ``lagging`` and its stream goes on from the log, holding no queue meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -21,7 +28,37 @@ log = logging.getLogger(__name__)
 
 
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024
+DEFAULT_TOTAL_BYTES = 64 * 1024 * 1024
+DEFAULT_STALL_SECONDS = 10.0
+#: A batch handed to a stream stops growing past this: one send joins it into one buffer.
+BATCH_BYTES = 256 * 1024
 REPLAY_PAGE = 100
+
+
+class Budget:
+    """The bytes of distinct events held by any subscriber queue, against ``limit``."""
+
+    __slots__ = ("held", "limit", "peak")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.peak = 0
+
+    def hold(self, event: Event) -> None:
+        if event._holders == 0:
+            self.held += _size(event)
+            self.peak = max(self.peak, self.held)
+        event._holders += 1
+
+    def release(self, event: Event) -> None:
+        event._holders -= 1
+        if event._holders == 0:
+            self.held -= _size(event)
+
+    @property
+    def over(self) -> bool:
+        return self.held > self.limit
 
 
 def _size(event: Event) -> int:
@@ -39,6 +76,7 @@ class Subscriber:
         maxsize: int,
         after: int,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        budget: Budget | None = None,
     ) -> None:
         self.types = types
         self.after = after  # events with id <= after were already replayed from the log
@@ -49,6 +87,12 @@ class Subscriber:
         # otherwise hold a quarter of a gigabyte for one slow client.
         self.max_bytes = max_bytes
         self.queued_bytes = 0
+        self._budget = budget if budget is not None else Budget(DEFAULT_TOTAL_BYTES)
+        #: Taken off live delivery to keep the bus under its budget while still reading:
+        #: its stream continues from the log (see ``EventBus._shed``).
+        self.lagging = False
+        #: When it last took something from its queue (monotonic): progress, however slow.
+        self.progress_at = time.monotonic()
 
     def wants(self, event: Event) -> bool:
         return self.types is None or event.type in self.types
@@ -64,12 +108,37 @@ class Subscriber:
             self.dropped = True
             return False
         self.queued_bytes += size
+        self._budget.hold(event)
         return True
 
     def _taken(self, item: Event | None) -> Event | None:
         if item is not None:
             self.queued_bytes -= _size(item)
+            self._budget.release(item)
+            self.progress_at = time.monotonic()
         return item
+
+    def _release(self) -> None:
+        """Empty the queue (dropped or lagging): its events are the log's to serve now."""
+        while True:
+            try:
+                item = self.queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            if item is not None:
+                self.queued_bytes -= _size(item)
+                self._budget.release(item)
+
+    def stalled(self, now: float, stall_seconds: float) -> bool:
+        """Has waiting events yet took none of them for ``stall_seconds``."""
+        return not self.queue.empty() and now - self.progress_at >= stall_seconds
+
+    def _close_waiter(self) -> None:
+        """Wake a reader blocked on the (now empty) queue, so it sees it must stop."""
+        try:
+            self.queue.put_nowait(None)
+        except asyncio.QueueFull:
+            pass
 
     def _close(self) -> None:
         self.closed = True
@@ -84,7 +153,7 @@ class Subscriber:
         A closed subscriber still hands out what was queued before the close (the last
         of it is ``daemon.stopping``); a dropped one ends at once, it resumes from the log.
         """
-        if self.dropped:
+        if self.dropped or self.lagging:
             return None
         if self.closed:
             try:
@@ -99,25 +168,31 @@ class Subscriber:
             return None
         return item
 
-    async def get_batch(self, timeout: float | None = None, limit: int = 512) -> list[Event] | None:
-        """Everything queued (up to ``limit``), waiting up to ``timeout`` only when nothing is.
+    async def get_batch(
+        self, timeout: float | None = None, limit: int = 512, max_bytes: int = BATCH_BYTES
+    ) -> list[Event] | None:
+        """Everything queued (up to ``limit`` events and about ``max_bytes``), waiting up
+        to ``timeout`` only when nothing is.
 
-        ``[]`` means the timeout passed; ``None`` means the stream must end. One wake-up
-        serves a whole burst, which is what lets twenty streams keep up with a fast bus.
+        ``[]`` means the timeout passed; ``None`` means the stream must end (or, when
+        ``lagging``, go on from the log). One wake-up serves a whole burst, which is what
+        lets twenty streams keep up with a fast bus.
         """
-        if self.dropped:
+        if self.dropped or self.lagging:
             return None
         batch: list[Event] = []
+        size = 0
         queue = self.queue
         if queue.empty() and not self.closed:
             try:
                 first = self._taken(await asyncio.wait_for(queue.get(), timeout))
             except TimeoutError:
                 return []
-            if first is None or self.dropped:
+            if first is None or self.dropped or self.lagging:
                 return None
             batch.append(first)
-        while len(batch) < limit:
+            size = _size(first)
+        while len(batch) < limit and size < max_bytes:
             try:
                 item = self._taken(queue.get_nowait())
             except asyncio.QueueEmpty:
@@ -126,24 +201,35 @@ class Subscriber:
                 self.closed = True
                 break
             batch.append(item)
+            size += _size(item)
         if not batch and self.closed:
             return None
         return batch
 
     @property
     def ended(self) -> bool:
-        return self.dropped or self.closed
+        return self.dropped or self.closed or self.lagging
 
 
 class EventBus:
     """Append-then-publish. Also wakes internal listeners (the scheduler) on every event."""
 
     def __init__(
-        self, store: Store, *, queue_size: int, queue_bytes: int = DEFAULT_MAX_BYTES
+        self,
+        store: Store,
+        *,
+        queue_size: int,
+        queue_bytes: int = DEFAULT_MAX_BYTES,
+        total_bytes: int = DEFAULT_TOTAL_BYTES,
+        stall_seconds: float = DEFAULT_STALL_SECONDS,
     ) -> None:
         self._store = store
         self._queue_size = queue_size
         self._queue_bytes = queue_bytes
+        self.budget = Budget(total_bytes)
+        self._stall_seconds = stall_seconds
+        #: Subscribers taken off live delivery by the budget while still reading.
+        self.lagged_total = 0
         self._subscribers: set[Subscriber] = set()
         self._listeners: list[Callable[[Event], None]] = []
         self._closed = False
@@ -171,10 +257,42 @@ class EventBus:
         for sub in list(self._subscribers):
             if sub.wants(event) and not sub._offer(event):
                 self._subscribers.discard(sub)
+                sub._release()
                 self.dropped_total += 1
                 log.warning("event subscriber fell behind at event %d; disconnecting it", event.id)
+        if self.budget.over:
+            self._shed()
         for listener in self._listeners:
             listener(event)
+
+    def _shed(self) -> None:
+        """Take the subscribers furthest behind off live delivery until the queues hold no
+        more than the budget: drop the stalled, let the slow go on from the log."""
+        now = time.monotonic()
+        behind = sorted(self._subscribers, key=lambda s: s.queued_bytes, reverse=True)
+        for sub in behind:
+            if not self.budget.over or sub.queued_bytes == 0:
+                return
+            self._subscribers.discard(sub)
+            if sub.stalled(now, self._stall_seconds):
+                sub.dropped = True
+                self.dropped_total += 1
+                log.warning(
+                    "event subscriber took nothing for %.0fs and %d bytes of events were"
+                    " waiting for it (over events.total_bytes); disconnecting it",
+                    now - sub.progress_at,
+                    sub.queued_bytes,
+                )
+            else:
+                sub.lagging = True
+                self.lagged_total += 1
+                log.info(
+                    "event subscriber %d bytes behind (over events.total_bytes): it goes on"
+                    " from the log",
+                    sub.queued_bytes,
+                )
+            sub._release()
+            sub._close_waiter()
 
     def subscribe(
         self, *, types: Iterable[str] | None = None, after: int | None = None
@@ -189,6 +307,7 @@ class EventBus:
             maxsize=self._queue_size,
             max_bytes=self._queue_bytes,
             after=self.last_id if after is None else after,
+            budget=self.budget,
         )
         if self._closed:
             sub._close()
@@ -197,7 +316,9 @@ class EventBus:
         return sub
 
     def unsubscribe(self, sub: Subscriber) -> None:
-        self._subscribers.discard(sub)
+        if sub in self._subscribers:
+            self._subscribers.discard(sub)
+            sub._release()
 
     def add_listener(self, listener: Callable[[Event], None]) -> None:
         self._listeners.append(listener)

@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 
 #: How often the database file is checked for having been unlinked or replaced.
 STORE_WATCH_SECONDS = 1.0
+#: The name /health and the daemon.degraded event give a state database that cannot write.
+STORE_PART = "store"
 
 TERMINAL_OK = frozenset({TaskStatus.DONE, TaskStatus.CANCELLED})
 
@@ -67,8 +69,13 @@ class Grid:
             store,
             queue_size=settings.events.subscriber_queue,
             queue_bytes=settings.events.subscriber_bytes,
+            total_bytes=settings.events.total_bytes,
+            stall_seconds=settings.events.stall_seconds,
         )
-        self.background = Background()
+        self.background = Background(settings.supervisor)
+        self.supervisor = self.background.supervisor
+        self.supervisor.announce = self._announce
+        self._store_degraded = False
         self.started_at = utcnow()
         self._started_mono = time.monotonic()
         self.warnings: list[str] = []
@@ -191,9 +198,10 @@ class Grid:
             self.pool.claimers[BEADS] = self.beads.claim
             self.beads.start()
         self.notifier.start()
-        self.background.spawn("event-log-pruner", self._prune_loop())
-        self.background.spawn("store-watch", self._store_watch_loop())
-        self.background.spawn("scheduler", self.scheduler.run())
+        self.background.supervise("event-log-pruner", self._prune_loop)
+        self.background.supervise("store-watch", self._store_watch_loop, core=True)
+        if not self.settings.scheduler.step_mode:
+            self.background.supervise("scheduler", self.scheduler.run, core=True)
         self.merges.start()
         self.radar.start()
         self.prepared.start()
@@ -209,6 +217,7 @@ class Grid:
 
     async def stop(self) -> None:
         """End live streams and background work; the caller closes the store afterwards."""
+        self.supervisor.stop()
         await self.notifier.stop()
         self.pool.shims.close()
         self._end_streams()
@@ -237,12 +246,30 @@ class Grid:
         self.bus.publish("daemon.store_problem", problem.wire())
 
     async def _store_watch_loop(self) -> None:
-        """The database file unlinked or replaced under a running daemon is written back."""
+        """The database file unlinked or replaced under a running daemon is written back;
+        a disk that refused a write is probed until it takes writes again."""
         while True:
             await asyncio.sleep(STORE_WATCH_SECONDS)
             problem = self.store.check_file()
             if problem is not None:
                 self._store_problem(problem)
+            self._watch_writes()
+
+    def _watch_writes(self) -> None:
+        """``store`` is degraded from a write refused by a full or read-only disk until a
+        probe write commits again (so the daemon recovers with no request to prompt it)."""
+        error = self.store.write_error
+        if error is not None and not self._store_degraded:
+            self._store_degraded = True
+            log.error("state database cannot be written: %s", error.message)
+            self.supervisor.announce_safely(
+                "daemon.degraded",
+                {"part": STORE_PART, "state": "down", "core": True, "error": error.message},
+            )
+        if self._store_degraded and self.store.probe_write():
+            self._store_degraded = False
+            log.warning("state database takes writes again")
+            self.supervisor.announce_safely("daemon.recovered", {"part": STORE_PART})
 
     async def _prune_loop(self) -> None:
         while True:
@@ -258,12 +285,31 @@ class Grid:
         return round(time.monotonic() - self._started_mono, 3)
 
     def health(self) -> Health:
+        """Degraded when there are warnings or a supervised part is not up; ``core_down``
+        (HTTP 503) when a core part is not up."""
+        supervisor = self.supervisor
+        degraded = supervisor.degraded()
+        core_down = bool(supervisor.core_down())
+        warnings = list(self.warnings)
+        error = self.store.write_error
+        if error is not None:  # read at request time: no wait for the next probe
+            degraded = sorted([*degraded, STORE_PART])
+            core_down = True
+            warnings.append(error.message)
         return Health(
-            status="degraded" if self.warnings else "ok",
+            status="degraded" if warnings or degraded else "ok",
             pid=os.getpid(),
             uptime=self.uptime,
-            warnings=list(self.warnings),
+            warnings=warnings,
+            degraded=degraded,
+            parts=supervisor.states(),
+            core_down=core_down,
         )
+
+    def _announce(self, kind: str, data: dict[str, object]) -> None:
+        """The supervisor's ``daemon.degraded`` / ``daemon.recovered`` (a full disk raises
+        ``StoreError`` here; the supervisor logs it and restarts the part regardless)."""
+        self.bus.publish(kind, dict(data))
 
     def version(self) -> VersionInfo:
         return VersionInfo(

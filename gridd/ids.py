@@ -13,16 +13,17 @@ import secrets
 
 from gridd.errors import ValidationFailed
 
-TASK_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+#: Matched with ``fullmatch``: ``$`` alone would let a trailing newline through.
+TASK_ID_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 BRANCH_PREFIX = "grid/"
 _SLUG_RE = re.compile(r"[^a-z0-9]+")
 # Feature branches are chosen by users and may contain slashes; keep them conservative.
-FEATURE_BRANCH_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
+FEATURE_BRANCH_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")
 
 
 def task_id_problem(task_id: str) -> str | None:
     """Why ``task_id`` is unacceptable, or None when it is fine."""
-    if not isinstance(task_id, str) or not TASK_ID_RE.match(task_id):
+    if not isinstance(task_id, str) or not TASK_ID_RE.fullmatch(task_id):
         return "must match [a-z0-9][a-z0-9._-]{0,63}"
     if ".." in task_id:
         return "must not contain '..'"
@@ -50,7 +51,7 @@ def branch_problem(name: str) -> str | None:
         return "HEAD and names starting with '-' are not branch names"
     if any(ord(c) < 32 or ord(c) == 127 for c in name):
         return "must not contain control characters"
-    if not FEATURE_BRANCH_RE.match(name):
+    if not FEATURE_BRANCH_RE.fullmatch(name):
         return "must start with a letter or digit and use only letters, digits, '.', '_', '-', '/'"
     for bad in ("..", "//", "@{", "/."):
         if bad in name:

@@ -232,6 +232,7 @@ class Event(WireModel):
     _json: str | None = PrivateAttr(default=None)
     _sse: bytes | None = PrivateAttr(default=None)
     _nbytes: int = PrivateAttr(default=256)  # the encoded payload's size, for queue budgets
+    _holders: int = PrivateAttr(default=0)  # subscriber queues holding it (the bus's budget)
 
 
 class VersionInfo(WireModel):
@@ -243,10 +244,18 @@ class VersionInfo(WireModel):
 
 
 class Health(WireModel):
+    """``GET /health``: ``ok``, or ``degraded`` with the reasons (HTTP 503 when ``core``)."""
+
     status: str = "ok"
     pid: int
     uptime: float
     warnings: list[str] = Field(default_factory=list)
+    #: What is not working: supervised parts not up, and ``store`` while it cannot write.
+    degraded: list[str] = Field(default_factory=list)
+    #: Every supervised background part and its state: "up", "restarting" or "down".
+    parts: dict[str, str] = Field(default_factory=dict)
+    #: True when a core part is not up: /health then answers 503.
+    core_down: bool = False
 
 
 class ErrorDetail(BaseModel):

@@ -220,7 +220,7 @@ class Notifier:
 
     def start(self) -> None:
         self._bus.add_listener(self._on_event)
-        self._task = self._background.spawn("notifier", self._worker())
+        self._task = self._background.supervise("notifier", self._worker)
 
     async def stop(self, timeout: float = 2.0) -> None:
         """Deliver what is queued (and pending summaries) for up to ``timeout``, then cancel."""

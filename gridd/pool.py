@@ -468,7 +468,7 @@ class AgentPool:
         if not self._sweeping:
             self._sweeping = True
             self.wakeups.start()
-            self.background.spawn("agent-wakeups", self.wakeups.run())
+            self.background.supervise("agent-wakeups", self.wakeups.run, core=True)
         return self.wakeups.watch(
             handle.run_dir,
             unread=run.unread,

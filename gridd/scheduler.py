@@ -5,6 +5,12 @@ whole state, so a missed wake-up or a crashed start costs one tick, never correc
 Applying is ordered (stops, then status changes, then starts) and every action is
 idempotent; a start runs in the background so one slow ``git worktree add`` never holds up
 the others.
+
+**Step mode.** ``step()`` reconciles once and returns what it did, after the starts it
+launched have run. ``POST /scheduler/step`` exposes it, so a test (or a curious user) can ask
+"what does the scheduler decide right now?" instead of sleeping and hoping a tick passed.
+With ``[scheduler] step_mode = true`` the loop does not run by itself at all: only steps
+reconcile, which makes every decision observable one at a time.
 """
 
 from __future__ import annotations
@@ -18,13 +24,44 @@ from gridd.background import Background
 from gridd.events import EventBus
 from gridd.lifecycle import Move, intend_stop, move_task, move_tasks
 from gridd.model import SessionState, TaskStatus, utcnow
-from gridd.plan import AgentView, Observed, SetStatus, StartTask, StopAgent, StopSession, plan
+from gridd.plan import (
+    Action,
+    AgentView,
+    Observed,
+    SetStatus,
+    StartTask,
+    StopAgent,
+    StopSession,
+    plan,
+)
 from gridd.pool import AgentPool
 from gridd.settings import Settings
 from gridd.state import GridState
 from gridd.workspace import Workspace
 
 log = logging.getLogger(__name__)
+
+
+def describe(action: Action) -> dict[str, object]:
+    """One action of a pass as plain fields (``action`` names the kind)."""
+    if isinstance(action, StartTask):
+        return {"action": "start", "task_id": action.task_id, "profile": action.profile}
+    if isinstance(action, StopAgent):
+        return {
+            "action": "stop",
+            "agent_id": action.agent_id,
+            "task_id": action.task_id,
+            "reason": action.reason,
+            "force": action.force,
+        }
+    if isinstance(action, SetStatus):
+        return {
+            "action": "set_status",
+            "task_id": action.task_id,
+            "status": str(action.status),
+            "reason": action.reason,
+        }
+    return {"action": "stop_session", "reason": action.reason}
 
 
 class Scheduler:
@@ -54,6 +91,8 @@ class Scheduler:
         self.last_pass_seconds = 0.0
         #: Ready tasks to hold back (the conflict radar's policy; set by the composition root).
         self.held: Callable[[], frozenset[str]] | None = None
+        #: The starts launched by the pass in progress (``step()`` waits for them).
+        self._launched: list[asyncio.Task[object]] = []
         state.on_change(self.wake)
 
     def wake(self) -> None:
@@ -67,10 +106,9 @@ class Scheduler:
             except TimeoutError:
                 pass
             self._wake.clear()
-            try:
-                self.run_pass()
-            except Exception:  # one bad pass must not end scheduling
-                log.exception("scheduler pass failed; retrying next tick")
+            # A failing pass ends this run: the supervisor restarts it with backoff and
+            # reports the scheduler degraded meanwhile (a pass that always fails is seen).
+            self.run_pass()
             await asyncio.sleep(0)
 
     # -- one pass ------------------------------------------------------------------------------
@@ -172,14 +210,25 @@ class Scheduler:
             resume_due,
         )
 
-    def run_pass(self, *, force: bool = False) -> None:
-        """One reconcile pass. Skipped when nothing it depends on has changed (idle)."""
+    async def step(self) -> list[Action]:
+        """Reconcile once, now, whatever the idle check says; wait for the starts this pass
+        launched (spawned or failed), and return what it did."""
+        actions = self.run_pass(force=True)
+        launched, self._launched = self._launched, []
+        if launched:
+            await asyncio.wait(launched)
+        return actions
+
+    def run_pass(self, *, force: bool = False) -> list[Action]:
+        """One reconcile pass; returns its actions. Skipped (no actions) when nothing it
+        depends on has changed (idle)."""
         started = time.perf_counter()
         key = self._idle_key()
+        self._launched = []
         if key == self._last_key and not force:
             self.idle_passes += 1
             self.last_pass_seconds = time.perf_counter() - started
-            return
+            return []
         observed = self.observe()
         resumes = [
             t.resume_at.timestamp()
@@ -218,13 +267,18 @@ class Scheduler:
                     )
                 self.pool.not_before.pop(task.id, None)
                 self.pool.starting.add(task.id)
-                self.background.spawn(f"start:{task.id}", self.pool.start(task.id, action.profile))
+                self._launched.append(
+                    self.background.spawn(
+                        f"start:{task.id}", self.pool.start(task.id, action.profile)
+                    )
+                )
         if status_updates:
             move_tasks(self.state, status_updates)
         self.state.flush()
         self._last_key = self._idle_key() if not actions else None
         self.passes += 1
         self.last_pass_seconds = time.perf_counter() - started
+        return actions
 
     # -- the session -------------------------------------------------------------------------------
 

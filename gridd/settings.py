@@ -60,6 +60,18 @@ class EventSettings(_Section):
         ge=64 * 1024,
         description="Bytes of events buffered per SSE client before it is dropped",
     )
+    total_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=64 * 1024,
+        description="Bytes of events buffered for all SSE clients together (an event counted"
+        " once); past it the client furthest behind is taken off live delivery",
+    )
+    stall_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="Past total_bytes, a client that took no event for this long is"
+        " disconnected; a slower one that still reads continues from the log",
+    )
     send_timeout_seconds: float = Field(
         default=10.0,
         gt=0,
@@ -73,10 +85,34 @@ class EventSettings(_Section):
     )
 
 
+class SupervisorSettings(_Section):
+    """How crashed background parts (scheduler, watchers, notifier, ...) are restarted."""
+
+    backoff_seconds: float = Field(
+        default=0.5, gt=0, le=60, description="Wait before the first restart of a crashed part"
+    )
+    backoff_max_seconds: float = Field(
+        default=30.0, gt=0, le=3600, description="Longest wait between restarts (it doubles)"
+    )
+    flap_max: int = Field(
+        default=5, ge=1, le=1000, description="Crashes within flap_window_seconds that mark it down"
+    )
+    flap_window_seconds: float = Field(
+        default=60.0, gt=0, description="The window in which crashes are counted"
+    )
+    down_retry_seconds: float = Field(
+        default=60.0, gt=0, le=86400, description="A part marked down is tried again after this"
+    )
+
+
 class SchedulerSettings(_Section):
     """The reconcile loop and its defaults for sessions and tasks."""
 
     tick_seconds: float = Field(default=1.0, gt=0, le=60, description="Pass at least this often")
+    step_mode: bool = Field(
+        default=False,
+        description="The loop does not run by itself: only POST /scheduler/step reconciles",
+    )
     default_agent: str = Field(default="example", description="Profile for tasks that name none")
     max_agents: int = Field(default=3, ge=1, le=256, description="Default maxAgents of a session")
     max_attempts: int = Field(default=3, ge=1, le=100, description="Default maxAttempts of a task")
@@ -318,6 +354,7 @@ class Settings(_Section):
     watch: WatchSettings = WatchSettings()
     notifications: NotificationSettings = NotificationSettings()
     merge: MergeSettings = MergeSettings()
+    supervisor: SupervisorSettings = SupervisorSettings()
 
     def profiles(self) -> dict[str, AgentProfile]:
         """Built-in profiles overlaid with the configured ones."""

@@ -80,6 +80,12 @@ MIGRATIONS: list[str] = [
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
+#: The codes of a disk that refuses writes (a full or read-only one).
+DISK_CODES = frozenset({"disk_full", "disk_read_only"})
+#: Free bytes the disk must have before a store that hit a full disk is called writable.
+PROBE_MARGIN_BYTES = 1024 * 1024
+
+
 @dataclass
 class OpenReport:
     """What happened while opening the database, for the daemon to announce."""
@@ -124,6 +130,9 @@ class Store:
         # Ids are handed out from here, never by SQLite alone: a rolled-back insert would
         # otherwise give its id to the next event (and a client may have been told of it).
         self._next_event_id = self._max_event_id() + 1
+        #: The last write refused by a full or read-only disk, until ``probe_write`` finds
+        #: the disk writable again (``/health`` shows ``store`` degraded meanwhile).
+        self.write_error: StoreError | None = None
 
     # -- opening -------------------------------------------------------------------------
 
@@ -217,7 +226,31 @@ class Store:
         except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
             if isinstance(exc, sqlite3.IntegrityError):
                 raise
-            raise _store_error(exc) from exc
+            raise self._noted(_store_error(exc)) from exc
+
+    def _noted(self, error: StoreError) -> StoreError:
+        if error.code in DISK_CODES:
+            self.write_error = error
+        return error
+
+    def probe_write(self, *, margin: int = PROBE_MARGIN_BYTES) -> bool:
+        """Whether the disk takes writes again: it has ``margin`` bytes free, is not
+        read-only, and a small write commits. Clears ``write_error`` when it does."""
+        if self.write_error is None:
+            return True
+        try:
+            fs = os.statvfs(self.path.parent)
+        except OSError:
+            return False
+        if fs.f_flag & os.ST_RDONLY or fs.f_bavail * fs.f_frsize < margin:
+            return False
+        try:
+            with self.transaction():
+                self.set_meta("write_probe", utcnow().isoformat())
+        except StoreError:
+            return False
+        self.write_error = None
+        return True
 
     def transaction(self) -> _Transaction:
         return _Transaction(self)
@@ -319,7 +352,7 @@ class Store:
                 rows,
             )
         except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
-            raise _store_error(exc) from exc
+            raise self._noted(_store_error(exc)) from exc
 
     def load_tasks(self) -> list[Task]:
         return self._load("tasks", Task)
@@ -452,7 +485,7 @@ class _Transaction:
         try:
             self._conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            raise _store_error(exc) from exc
+            raise self._store._noted(_store_error(exc)) from exc
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is None:
@@ -460,7 +493,7 @@ class _Transaction:
                 self._conn.execute("COMMIT")
             except sqlite3.Error as commit_error:
                 self._rollback()
-                raise _store_error(commit_error) from commit_error
+                raise self._store._noted(_store_error(commit_error)) from commit_error
             self._store._committed()
         else:
             self._rollback()

@@ -513,6 +513,15 @@ def api_call(
     return response.status_code, (response.json() if response.content else None)
 
 
+def scheduler_starts(client: GridClient) -> list[str]:
+    """Reconcile once, now (``POST /scheduler/step``), and return the task ids it started.
+
+    The way to assert that nothing starts: ask the scheduler for its decision instead of
+    sleeping through a few ticks and hoping one of them looked."""
+    step = client.post("/scheduler/step")
+    return [str(a["taskId"]) for a in step["actions"] if a["action"] == "start"]
+
+
 def wait_pending_question(
     client: GridClient, task_id: str, *, timeout: float = 30.0
 ) -> dict[str, object]:

@@ -6,6 +6,7 @@ task until it resets; a session with nothing left to do stops as ``no_work``."""
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from pathlib import Path
 
 from tests.helpers import (
@@ -13,6 +14,7 @@ from tests.helpers import (
     core_daemon,
     event_log,
     restartable_daemon,
+    scheduler_starts,
     touch,
     wait_for,
     wait_for_events,
@@ -45,7 +47,7 @@ def test_a_budget_starts_only_what_it_can_pay_for_and_stops_the_session_when_spe
         session = c.post("/session/start", {"maxAgents": 5, "budgetUsd": 2.5})
         assert session["budgetUsd"] == 2.5
         wait_for(lambda: len(c.get("/agents")) == 2, message="two agents")
-        time.sleep(1.0)  # several passes: a third start would have happened by now
+        assert scheduler_starts(c) == []  # the budget pays for no third start
         running = sorted(a["taskId"] for a in c.get("/agents"))
         assert len(running) == 2
         assert c.get("/state")["session"]["started"] is True  # running agents finish first
@@ -68,7 +70,7 @@ def test_a_budget_starts_only_what_it_can_pay_for_and_stops_the_session_when_spe
         grid.start()
         session = c.get("/state")["session"]
         assert (session["stopReason"], session["spentUsd"]) == ("budget_exhausted", 2.0)
-        time.sleep(0.5)
+        assert scheduler_starts(c) == []
         assert c.get("/agents") == []
 
 
@@ -158,7 +160,9 @@ def test_with_auto_resume_off_a_rate_limited_task_stays_parked(repo: Path, tmp_p
         c.post("/session/start", {"maxAgents": 1})
         parked = wait_for_events(c, {"task.rate_limited"}, 1)[0].data
         assert parked["autoResume"] is False
-        time.sleep(2.5)  # well past the reset
+        reset = datetime.fromisoformat(c.get("/tasks/rl")["resumeAt"]).timestamp()
+        wait_for(lambda: time.time() > reset + 0.2, timeout=10, message="the reset to pass")
+        assert scheduler_starts(c) == []  # past the reset, it still waits for a human
         task = c.get("/tasks/rl")
         assert task["status"] == "rate_limited"
         assert len(event_log(c, types={"agent.spawned"})) == 1

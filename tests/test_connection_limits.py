@@ -9,7 +9,7 @@ import socket
 import time
 from pathlib import Path
 
-from tests.helpers import raw_http, running_daemon, write_config
+from tests.helpers import api_call, raw_http, running_daemon, wait_for, write_config
 
 
 def _idle(sock: Path, n: int) -> list[socket.socket]:
@@ -64,5 +64,6 @@ def test_past_the_connection_cap_only_reserved_paths_answer(repo: Path) -> None:
         finally:
             for s in crowd:
                 s.close()
-        time.sleep(0.3)
+        # The crowd gone, the daemon serves everything again.
+        wait_for(lambda: api_call(d.sock, "GET", "/state")[0] == 200, timeout=10)
         assert d.client().get("/state")["daemon"]["pid"] == d.proc.pid

@@ -111,6 +111,37 @@ def test_full_disk_is_507_and_recovers_by_itself_without_reusing_event_ids(
         assert logged[event.id]["type"] == event.type
 
 
+def test_health_is_degraded_while_the_disk_is_full_and_recovers_by_itself(
+    small_disk_repo: Path,
+) -> None:
+    """No request but /health is needed: the daemon notices the disk took writes again."""
+    root = small_disk_repo
+    with running_daemon(root) as daemon:
+        client = daemon.client()
+        http = client._http  # type: ignore[attr-defined]
+        assert http.get("/health").json()["status"] == "ok"
+        filler = fill(root / ".grid")
+        answers = [post_task(client, f"during {n}")[0] for n in range(40)]
+        assert 507 in answers, answers
+        response = http.get("/health")
+        assert response.status_code == 503, response.text
+        health = response.json()
+        assert health["status"] == "degraded"
+        assert "store" in health["degraded"]
+        assert any("full" in w for w in health["warnings"])
+        filler.unlink()
+        deadline = time.monotonic() + 20
+        while (response := http.get("/health")).status_code != 200:
+            assert time.monotonic() < deadline, f"never recovered: {response.text}"
+            time.sleep(0.1)
+        assert response.json()["status"] == "ok", response.text
+        assert "store" not in response.json()["degraded"]
+        status, doc = post_task(client, "after")
+        assert status == 201, doc
+    recovered = [e for e in _log(root) if e["type"] == "daemon.recovered"]
+    assert recovered and recovered[-1]["data"] == {"part": "store"}
+
+
 def _log(root: Path) -> list[dict[str, object]]:
     import sqlite3
 

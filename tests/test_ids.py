@@ -34,6 +34,7 @@ HOSTILE_IDS = [
     "a\\b",
     "tab\tid",
     "new\nline",
+    "trailing-newline\n",  # a regex ending in $ lets this through unless it must match whole
     "nul\x00",
     "caf\u00e9",
     "\u0430bc",  # Cyrillic a

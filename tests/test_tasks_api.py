@@ -25,6 +25,7 @@ from tests.helpers import (
     process_gone,
     read_text_file,
     remove_repo,
+    scheduler_starts,
     wait_for,
     wait_for_events,
     wait_task_status,
@@ -337,7 +338,7 @@ def test_stopping_a_started_task_returns_it_to_ready_and_keeps_its_work(
         assert (tmp_path / "halt.term").exists()
         stopped = [e.data for e in event_log(c, types={"agent.stopped"})]
         assert len(stopped) == 1 and stopped[0]["committedWork"] is True
-        time.sleep(0.6)  # a few scheduler ticks: without a session it must not restart
+        assert scheduler_starts(c) == []  # without a session it must not restart
         task = c.get("/tasks/halt")
         assert task["status"] == "ready"
         assert c.get("/agents") == []

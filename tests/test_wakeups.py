@@ -148,10 +148,11 @@ async def test_a_quiet_daemons_watchers_do_not_wake(repo: Path) -> None:
     ):
         wakeups = grid.pool.wakeups
         await until(lambda: all(not r.unread() for r in grid.pool.runs.values()), what="read")
-        await asyncio.sleep(0.3)  # the spawn's own last writes (agent.json) settle
+        # The spawn's own last writes (agent.json) settle by the next sweep.
+        settled = wakeups.sweeps + 1
+        await until(lambda: wakeups.sweeps >= settled, what="a sweep")
         before, sweeps = wakeups.totals().wakeups, wakeups.sweeps
-        await asyncio.sleep(1.5)  # quiet: several sweeps, no wake-up
-        assert wakeups.sweeps >= sweeps + 3
+        await until(lambda: wakeups.sweeps >= sweeps + 3, what="three quiet sweeps")
         assert wakeups.totals().wakeups == before
         # ...while a single write wakes its watcher at once.
         (control / "go").touch()

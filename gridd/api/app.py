@@ -18,9 +18,16 @@ from gridd.grid import Grid
 from gridd.model import Health, RepoState, VersionInfo
 
 
-@table.add("GET", "/health", summary="Liveness check", response=Health)
+@table.add(
+    "GET",
+    "/health",
+    summary="Liveness check: ok or degraded (503 when a core part is down)",
+    response=Health,
+    also={503: "degraded: a core part (the scheduler, the store) is not working"},
+)
 async def health(request: Request) -> Response:
-    return wire(grid_of(request).health())
+    report = grid_of(request).health()
+    return wire(report, status=503 if report.core_down else 200)
 
 
 @table.add("GET", "/version", summary="Daemon and API version", response=VersionInfo)

@@ -5,8 +5,9 @@ Below the ASGI app, where no route or exception handler can help:
 - peer credentials: a connection from any uid but the daemon's is answered 403 and closed
   before a byte of the request is read (see ``peercred``);
 - a request uvicorn cannot even parse gets the JSON error body, not ``text/plain``;
-- a peer that stops reading is cut off: once the transport has had to pause writing for
-  ``stall_timeout`` seconds the connection is aborted. ``close()`` would wait forever to
+- a peer that stops reading is cut off: once the transport has had to pause writing and
+  not one byte of its buffer drained for ``stall_timeout`` seconds, the connection is
+  aborted. A slow reader (64 KiB/s) drains a little in every such window and is kept. ``close()`` would wait forever to
   flush to a frozen client, keeping its socket and buffer; ``abort()`` frees both and ends
   its request (an SSE stream sees a disconnect).
 """
@@ -82,6 +83,7 @@ def gridd_protocol(
         _counted = False
         _reserved_only = False
         _stall_timer: asyncio.TimerHandle | None = None
+        _stall_unsent = 0  # the write buffer's size when the stall timer was (re)armed
         _header_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: Any) -> None:
@@ -182,8 +184,14 @@ def gridd_protocol(
         def pause_writing(self) -> None:
             super().pause_writing()
             if self._stall_timer is None:
-                loop = asyncio.get_running_loop()
-                self._stall_timer = loop.call_later(stall_timeout, self._abort_stalled)
+                self._arm_stall_timer()
+
+        def _arm_stall_timer(self) -> None:
+            # Nothing more is written while paused (uvicorn awaits the drain first), so a
+            # smaller buffer at the timer means the peer read something: progress.
+            self._stall_unsent = self.transport.get_write_buffer_size()
+            loop = asyncio.get_running_loop()
+            self._stall_timer = loop.call_later(stall_timeout, self._abort_stalled)
 
         def resume_writing(self) -> None:
             self._cancel_stall_timer()
@@ -196,7 +204,11 @@ def gridd_protocol(
 
         def _abort_stalled(self) -> None:
             self._stall_timer = None
-            if not self.transport.is_closing() or self.transport.get_write_buffer_size():
+            unsent = self.transport.get_write_buffer_size()
+            if not self.transport.is_closing() and 0 < unsent < self._stall_unsent:
+                self._arm_stall_timer()  # slow, not stalled: it read some of it
+                return
+            if not self.transport.is_closing() or unsent:
                 log.warning(
                     "client stopped reading for %.1fs (%d bytes unsent); dropping the connection",
                     stall_timeout,

@@ -25,6 +25,7 @@ from gridd.model import (
     TaskStatus,
     WireModel,
 )
+from gridd.scheduler import describe
 from gridd.specs import (
     PlanSpec,
     Reject,
@@ -283,6 +284,38 @@ async def finish_session(request: Request) -> Response:
     grid.commands.stop_session(force=False)
     tasks = list(grid.state.tasks.values())
     return wire(await report.feature_report(grid.workspace.root, grid.state.session, tasks))
+
+
+class StepAction(WireModel):
+    action: str  # start | stop | set_status | stop_session
+    task_id: str | None = None
+    agent_id: str | None = None
+    profile: str | None = None
+    status: str | None = None
+    reason: str | None = None
+    force: bool | None = None
+
+
+class StepReport(WireModel):
+    actions: list[StepAction]
+    passes: int
+
+
+@table.add(
+    "POST",
+    "/scheduler/step",
+    summary="Reconcile once, now, and return what the scheduler did (its starts have run by"
+    " the answer); with [scheduler] step_mode the loop waits for these",
+    response=StepReport,
+)
+async def scheduler_step(request: Request) -> Response:
+    scheduler = grid_of(request).scheduler
+    actions = [StepAction.model_validate(describe(a)) for a in await scheduler.step()]
+    report = StepReport(actions=actions, passes=scheduler.passes)
+    # Each kind of action has its own fields: the others are left out, not null.
+    return Response(
+        report.model_dump_json(by_alias=True, exclude_none=True), media_type="application/json"
+    )
 
 
 # -- agents -----------------------------------------------------------------------------------------

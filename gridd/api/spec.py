@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gridd import API_VERSION, __version__
+from gridd.ids import TASK_ID_RE
 from gridd.model import ErrorBody, WireModel
 
 if TYPE_CHECKING:
@@ -38,6 +39,8 @@ class Endpoint:
     status: int = 200  # the success status the handler answers with
     body_list: bool = False  # the body may also be a list of ``body``
     body_types: tuple[str, ...] = ("application/json",)
+    #: Other statuses answered with the same response model: status -> description.
+    also: dict[int, str] = field(default_factory=dict)
 
 
 class RouteTable:
@@ -58,6 +61,7 @@ class RouteTable:
         status: int = 200,
         body_list: bool = False,
         body_types: tuple[str, ...] = ("application/json",),
+        also: dict[int, str] | None = None,
     ) -> Callable[[Handler], Handler]:
         def register(handler: Handler) -> Handler:
             self.endpoints.append(
@@ -74,6 +78,7 @@ class RouteTable:
                     status=status,
                     body_list=body_list,
                     body_types=body_types,
+                    also=also or {},
                 )
             )
             return handler
@@ -96,7 +101,13 @@ class RouteTable:
             op: dict[str, Any] = {"summary": ep.summary, "responses": {}}
             params = _path_params(ep.path)
             params += [
-                {"name": n, "in": "query", "required": False, "description": d, "schema": {}}
+                {
+                    "name": n,
+                    "in": "query",
+                    "required": False,
+                    "description": d,
+                    "schema": _param_schema(n),
+                }
                 for n, d in ep.query.items()
             ]
             if params:
@@ -122,6 +133,8 @@ class RouteTable:
             elif ep.content_type != "application/json":
                 ok["content"] = {ep.content_type: {"schema": {"type": "string"}}}
             op["responses"][str(ep.status)] = ok
+            for status, description in ep.also.items():
+                op["responses"][str(status)] = {**ok, "description": description}
             error = {"application/json": {"schema": _ref(ErrorBody)}}
             op["responses"]["4XX"] = {"description": "Client error", "content": error}
             if ep.body is not None:
@@ -158,6 +171,19 @@ class RouteTable:
         }
 
 
+#: What a query or path parameter accepts, by name, as the handlers parse it (a string
+#: otherwise). Kept next to the parsers' rules: ``query_int`` and the id checks.
+PARAM_SCHEMAS: dict[str, dict[str, Any]] = {
+    "limit": {"type": "integer", "minimum": 1},
+    "since": {"type": "integer", "minimum": 0},
+    "task_id": {"type": "string", "pattern": f"^{TASK_ID_RE.pattern}$"},
+}
+
+
+def _param_schema(name: str) -> dict[str, Any]:
+    return dict(PARAM_SCHEMAS.get(name, {"type": "string"}))
+
+
 def _ref(model: type[BaseModel]) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{model.__name__}"}
 
@@ -172,7 +198,7 @@ def _path_params(path: str) -> list[dict[str, Any]]:
         if part.startswith("{") and part.endswith("}"):
             name = part[1:-1].split(":")[0]
             params.append(
-                {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                {"name": name, "in": "path", "required": True, "schema": _param_schema(name)}
             )
     return params
 

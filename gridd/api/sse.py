@@ -1,7 +1,9 @@
 """``GET /events``: the durable event log as Server-Sent Events.
 
 Resume rules: ``Last-Event-ID`` (or ``?since=N``) replays every event after N from the log,
-then switches to live delivery with no gap and no duplicate. A resume point older than the
+then switches to live delivery with no gap and no duplicate. A stream the bus takes off live
+delivery to stay within ``events.total_bytes`` (a slow reader, see ``gridd.events``) goes
+back to reading the log the same way, on the same connection. A resume point older than the
 log retains (or from another database) gets ``reset`` then ``state.snapshot``. A fresh
 stream opens with a snapshot, so a client never has to race ``GET /state`` against events.
 """
@@ -21,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from gridd.api.errors import query_int
 from gridd.errors import BadRequest
-from gridd.events import Subscriber
+from gridd.events import BATCH_BYTES, Subscriber
 from gridd.grid import Grid
 from gridd.model import Event
 
@@ -122,20 +124,35 @@ class EventStream:
                     )
                     yield self._snapshot()
                 else:
-                    # Replay in pages; subscribing right after the final (empty) read, with
-                    # no await in between, is what makes the hand-over gap-free.
-                    while True:
-                        page = bus.replay(self.last, types=self.types)
-                        if not page:
-                            self.sub = bus.subscribe(types=self.types)
-                            break
-                        self.last = page[-1].id
-                        yield b"".join(encoded(e) for e in page)
-            async for item in self._live():
-                yield item
+                    async for chunk in self._replay():
+                        yield chunk
+            while True:
+                async for item in self._live():
+                    yield item
+                if self.sub is None or not self.sub.lagging:
+                    return
+                # Too far behind to be queued for: the log serves it until it catches up.
+                bus.unsubscribe(self.sub)
+                self.sub = None
+                async for chunk in self._replay():
+                    yield chunk
         finally:
             if self.sub is not None:
                 bus.unsubscribe(self.sub)
+
+    async def _replay(self) -> AsyncIterator[bytes]:
+        """Every logged event after ``self.last``, in pages, then subscribe. Subscribing
+        right after the final (empty) read, with no await in between, is what makes the
+        hand-over gap-free."""
+        bus = self.grid.bus
+        while True:
+            page = bus.replay(self.last, types=self.types)
+            if not page:
+                self.sub = bus.subscribe(types=self.types)
+                return
+            self.last = page[-1].id
+            for part in _sends(page):
+                yield part
 
     async def _live(self) -> AsyncIterator[ServerSentEvent | bytes]:
         assert self.sub is not None
@@ -157,6 +174,24 @@ class EventStream:
                 self.last = fresh[-1].id
                 # One send for the whole burst; each event was encoded once, at publish.
                 yield b"".join(encoded(e) for e in fresh)
+
+
+def _sends(events: list[Event]) -> list[bytes]:
+    """Events joined into sends of about ``BATCH_BYTES`` each (one buffer per send, so a
+    page of 64 KiB output chunks is not copied whole for every stream replaying it)."""
+    sends: list[bytes] = []
+    part: list[bytes] = []
+    size = 0
+    for event in events:
+        data = encoded(event)
+        part.append(data)
+        size += len(data)
+        if size >= BATCH_BYTES:
+            sends.append(b"".join(part))
+            part, size = [], 0
+    if part:
+        sends.append(b"".join(part))
+    return sends
 
 
 class _EventSourceResponse(EventSourceResponse):

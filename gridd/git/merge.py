@@ -94,7 +94,7 @@ class MergeQueue:
         state.on_change(self._wake.set)
 
     def start(self) -> None:
-        self.background.spawn("merge-queue", self.run())
+        self.background.supervise("merge-queue", self.run)
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -157,7 +157,7 @@ class Radar:
     clock: Callable[[], float] = time.monotonic
 
     def start(self) -> None:
-        self.background.spawn("conflict-radar", self.run())
+        self.background.supervise("conflict-radar", self.run)
 
     async def run(self) -> None:
         while True:

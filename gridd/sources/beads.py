@@ -116,10 +116,10 @@ class BeadsSource:
         ) is not None
 
     def start(self) -> None:
-        self.background.spawn("beads-sync", self._sync_loop())
+        self.background.supervise("beads-sync", self._sync_loop)
         if self.settings.watch:
-            self.background.spawn(
-                "beads-watch", watch_beads(self.ws.root / ".beads", self.poke, bus=self.bus)
+            self.background.supervise(
+                "beads-watch", lambda: watch_beads(self.ws.root / ".beads", self.poke, bus=self.bus)
             )
         self.bus.add_listener(self._on_event)
 

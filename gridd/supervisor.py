@@ -1,0 +1,165 @@
+"""The supervisor: every long-lived background part runs under it, and comes back when it dies.
+
+A *part* is one named loop the daemon needs for as long as it runs: the scheduler, the
+store watch, the agent wake-up sweep, the notifier, the beads poller and watch, the
+conflict radar, the merge queue, the event-log pruner. Per-agent tasks (``agent:<id>``,
+``start:<id>``...) are not parts: they end when their agent does.
+
+When a part raises, the supervisor marks it ``restarting``, announces ``daemon.degraded``
+naming it, waits a backoff (doubling per recent crash, capped) and runs it again from a
+fresh coroutine; once it is running again it is ``up`` and ``daemon.recovered`` is
+announced. A part that crashes ``flap_max`` times within ``flap_window_seconds`` is
+``down``: it is tried again only after ``down_retry_seconds`` (circus' flapping guard).
+A part that returns normally has finished its work and is no longer listed.
+
+The decision (:func:`after_crash`) is a pure function; ``/health`` reads :meth:`states` and
+:meth:`core_down`, ``/metrics`` reads :meth:`states`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gridd.settings import SupervisorSettings
+
+if TYPE_CHECKING:
+    from gridd.background import Background
+
+log = logging.getLogger(__name__)
+
+Factory = Callable[[], Coroutine[Any, Any, Any]]
+Announce = Callable[[str, dict[str, Any]], None]
+
+
+class PartState(enum.StrEnum):
+    UP = "up"
+    RESTARTING = "restarting"
+    DOWN = "down"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What to do with a part that just crashed: its state while waiting, and for how long."""
+
+    state: PartState
+    delay: float
+
+
+def after_crash(crashes: list[float], now: float, settings: SupervisorSettings) -> Verdict:
+    """Decide a crashed part's fate from the monotonic times of its recent crashes
+    (``crashes`` includes this one)."""
+    recent = [t for t in crashes if now - t <= settings.flap_window_seconds]
+    if len(recent) >= settings.flap_max:
+        return Verdict(PartState.DOWN, settings.down_retry_seconds)
+    delay = settings.backoff_seconds * 2 ** max(0, len(recent) - 1)
+    return Verdict(PartState.RESTARTING, min(delay, settings.backoff_max_seconds))
+
+
+@dataclass
+class Part:
+    name: str
+    factory: Factory
+    core: bool
+    state: PartState = PartState.UP
+    restarts: int = 0
+    last_error: str | None = None
+    crashes: list[float] = field(default_factory=list)
+
+
+class Supervisor:
+    """Runs parts through the daemon's ``Background`` (so each is named and awaited at
+    shutdown) and restarts them when they crash."""
+
+    def __init__(self, background: Background, settings: SupervisorSettings | None = None) -> None:
+        self._background = background
+        self.settings = settings or SupervisorSettings()
+        self.parts: dict[str, Part] = {}
+        #: Told of ``daemon.degraded`` / ``daemon.recovered`` (the Grid publishes them).
+        self.announce: Announce | None = None
+        self._stopping = False
+
+    def supervise(self, name: str, factory: Factory, *, core: bool = False) -> asyncio.Task[Any]:
+        """Run ``factory()`` as the part ``name``, again from a new call whenever it dies."""
+        part = Part(name=name, factory=factory, core=core)
+        self.parts[name] = part
+        return self._background.spawn(name, self._run(part))
+
+    def states(self) -> dict[str, str]:
+        """Part name -> "up" | "restarting" | "down" (what /health and /metrics show)."""
+        return {name: part.state.value for name, part in sorted(self.parts.items())}
+
+    def degraded(self) -> list[str]:
+        """The parts that are not up, by name."""
+        return sorted(n for n, p in self.parts.items() if p.state is not PartState.UP)
+
+    def core_down(self) -> list[str]:
+        """The core parts that are not up: the daemon cannot do its job without them."""
+        return sorted(n for n, p in self.parts.items() if p.core and p.state is not PartState.UP)
+
+    def stop(self) -> None:
+        """Shutdown is under way: a part that ends now is not restarted."""
+        self._stopping = True
+
+    async def _run(self, part: Part) -> None:
+        try:
+            while True:
+                try:
+                    await part.factory()
+                    return  # finished its work: not a crash
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    if self._stopping:
+                        raise
+                    await self._crashed(part, exc)
+        finally:
+            if self.parts.get(part.name) is part:
+                del self.parts[part.name]
+
+    async def _crashed(self, part: Part, exc: Exception) -> None:
+        now = time.monotonic()
+        part.crashes = [t for t in part.crashes if now - t <= self.settings.flap_window_seconds]
+        part.crashes.append(now)
+        verdict = after_crash(part.crashes, now, self.settings)
+        part.state = verdict.state
+        part.last_error = f"{type(exc).__name__}: {exc}"
+        log.error(
+            "background part %s crashed (%s); %s, next try in %.2fs",
+            part.name,
+            part.last_error,
+            verdict.state.value,
+            verdict.delay,
+            exc_info=exc,
+        )
+        self._tell(
+            "daemon.degraded",
+            {
+                "part": part.name,
+                "state": verdict.state.value,
+                "core": part.core,
+                "error": part.last_error,
+                "retryInSeconds": round(verdict.delay, 3),
+            },
+        )
+        await asyncio.sleep(verdict.delay)
+        part.restarts += 1
+        part.state = PartState.UP
+        self._tell("daemon.recovered", {"part": part.name, "restarts": part.restarts})
+
+    def announce_safely(self, kind: str, data: dict[str, Any]) -> None:
+        """Publish ``kind`` through ``announce``; a failure (a full disk) is only logged."""
+        self._tell(kind, data)
+
+    def _tell(self, kind: str, data: dict[str, Any]) -> None:
+        if self.announce is None:
+            return
+        try:
+            self.announce(kind, data)
+        except Exception as exc:  # a full disk must not also stop the restart
+            log.error("could not publish %s for %s: %r", kind, data.get("part"), exc)

@@ -1,0 +1,74 @@
+"""Step mode: with ``[scheduler] step_mode = true`` nothing reconciles by itself, and each
+``POST /scheduler/step`` runs exactly one pass and answers with what it did, after the
+starts it launched have run. Tests drive the scheduler this way instead of sleeping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.helpers import (
+    agent_command,
+    core_daemon,
+    event_log,
+    wait_task_status,
+    write_core_config,
+)
+
+
+def test_in_step_mode_only_a_step_starts_work_and_it_answers_with_what_it_did(
+    repo: Path, tmp_path: Path
+) -> None:
+    write_core_config(
+        repo,
+        agents={"work": {"command": agent_command("trivial.py", "0.2")}},
+        scheduler={"default_agent": "work", "step_mode": True},
+    )
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        c.post("/tasks", [{"id": "s1", "title": "first"}, {"id": "s2", "title": "second"}])
+        c.post("/session/start", {"maxAgents": 1})
+        # No loop runs: the ready tasks wait for a step, however many ticks pass.
+        assert {t["status"] for t in c.get("/tasks")} == {"ready"}
+
+        first = c.post("/scheduler/step")
+        starts = [a for a in first["actions"] if a["action"] == "start"]
+        assert starts == [{"action": "start", "taskId": "s1", "profile": "work"}] or starts == [
+            {"action": "start", "taskId": "s2", "profile": "work"}
+        ]
+        started = starts[0]["taskId"]
+        # The answer comes after the start ran: the agent is spawned already.
+        spawned = [e.data["taskId"] for e in event_log(c, types={"agent.spawned"})]
+        assert spawned == [started]
+        assert [a["taskId"] for a in c.get("/agents")] == [started]
+
+        # One slot, taken: asked again, the scheduler starts nothing.
+        again = c.post("/scheduler/step")
+        assert [a for a in again["actions"] if a["action"] == "start"] == []
+        assert again["passes"] == first["passes"] + 1
+
+        wait_task_status(c, started, "review")
+        other = "s2" if started == "s1" else "s1"
+        assert c.get(f"/tasks/{other}")["status"] == "ready"  # still waiting for a step
+        after = c.post("/scheduler/step")
+        assert [a["taskId"] for a in after["actions"] if a["action"] == "start"] == [other]
+        wait_task_status(c, other, "review")
+
+
+def test_a_step_reports_the_stop_of_a_task_cancelled_while_its_agent_runs(
+    repo: Path, tmp_path: Path
+) -> None:
+    write_core_config(
+        repo,
+        agents={"slow": {"command": agent_command("trivial.py", "30")}},
+        scheduler={"default_agent": "slow", "step_mode": True},
+    )
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        c.post("/tasks", {"id": "long", "title": "runs long"})
+        c.post("/session/start", {"maxAgents": 1})
+        assert [a["action"] for a in c.post("/scheduler/step")["actions"]] == ["start"]
+        agent = c.get("/agents")[0]
+        c.request("DELETE", "/tasks/long")
+        stops = [a for a in c.post("/scheduler/step")["actions"] if a["action"] == "stop"]
+        assert len(stops) == 1
+        assert (stops[0]["agentId"], stops[0]["taskId"]) == (agent["id"], "long")

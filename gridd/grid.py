@@ -204,7 +204,8 @@ class Grid:
             self.background.supervise("scheduler", self.scheduler.run, core=True)
         self.merges.start()
         self.radar.start()
-        self.prepared.start()
+        if not self.settings.scheduler.step_mode:  # nothing reconciles by itself then
+            self.prepared.start()
 
     def _merge_answer(self, question: Question, response: str) -> None:
         self.background.spawn(

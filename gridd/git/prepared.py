@@ -116,7 +116,7 @@ class PreparedWorktrees:
 
     def start(self) -> None:
         if self.ahead > 0:
-            self.background.spawn("worktree-preparer", self.run())
+            self.background.supervise("worktree-preparer", self.run)
 
     async def run(self) -> None:
         await self.adopt()

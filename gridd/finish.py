@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 
-from gridd.agents.process import ExitStatus
+from gridd.agents.executor import ExitStatus
+from gridd.agents.output import OutputLog
 from gridd.agents.watch import RunWatch
 from gridd.errors import GriddError
 from gridd.events import EventBus
@@ -32,9 +34,9 @@ from gridd.outcome import (
     decide,
     describe_exit,
 )
-from gridd.pool import AgentPool
+from gridd.pool.roster import Roster
 from gridd.questions import QuestionBook
-from gridd.settings import Settings
+from gridd.settings import AgentProfile, Settings
 from gridd.state import GridState
 from gridd.worktrees import Worktrees
 
@@ -54,33 +56,32 @@ class Finisher:
         settings: Settings,
         state: GridState,
         bus: EventBus,
-        pool: AgentPool,
+        roster: Roster,
+        profiles: Mapping[str, AgentProfile],
         worktrees: Worktrees,
         questions: QuestionBook,
     ) -> None:
         self.settings = settings
         self.state = state
         self.bus = bus
-        self.pool = pool
+        self.roster = roster
+        self.profiles = profiles
         self.worktrees = worktrees
         self.questions = questions
 
     async def finish(self, agent_id: str, status: ExitStatus, run: RunWatch) -> None:
         agent = self.state.agents[agent_id]
-        self.pool.finishing.add(agent.task_id)
+        self.roster.finishing.add(agent.task_id)
         self.state.touch()  # the agent has exited: its slot is free while its work is committed
         try:
             await self._finish(agent, status, run)
         finally:
-            self.pool.finishing.discard(agent.task_id)
+            self.roster.finishing.discard(agent.task_id)
             self.state.flush()
             self.state.touch()  # the task may take an agent again
 
     async def _finish(self, agent: Agent, status: ExitStatus, run: RunWatch) -> None:
-        self.pool.handles.pop(agent.id, None)
-        self.pool.runs.pop(agent.id, None)
-        self.pool.started_mono.pop(agent.id, None)
-        self.pool.stops.pop(agent.id, None)
+        self.roster.release(agent.id)
         task = self.state.tasks.get(agent.task_id)
         if task is None:
             self._settle(agent, status, run)
@@ -130,7 +131,7 @@ class Finisher:
         """Record the exit and account its cost. Called with no ``await`` before the task's
         new status: until then the agent is still live on disk, so a daemon killed while its
         work is being committed finishes it again from ``exit.json`` on the next start."""
-        profile = self.pool.profiles.get(agent.profile)
+        profile = self.profiles.get(agent.profile)
         # The run's own report; else what it reported before a daemon restart (persisted on
         # the agent); else the profile's estimate. Added to the task and session once: here.
         cost = run.cost if run.cost is not None else agent.cost_usd
@@ -330,7 +331,7 @@ class Finisher:
             },
         )
         if isinstance(outcome, Retry):
-            until = self.pool.back_off(task.id, task.attempts)
+            until = self.roster.back_off(task.id, task.attempts)
             move_task(
                 self.state,
                 task.id,
@@ -353,7 +354,7 @@ class Finisher:
         path = Path(agent.run_dir) / "failure.md"
         tail = ""
         try:
-            lines = self.pool.output_log(agent).tail_text(256 * 1024).splitlines()
+            lines = OutputLog(Path(agent.run_dir), writer=False).tail_text(256 * 1024).splitlines()
             tail = "\n".join(lines[-FAILURE_TAIL_LINES:])
         except OSError:
             pass

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gridd import API_VERSION, HANDOVER_PROTOCOL, __version__
+from gridd.agents.local import LocalExecutor
 from gridd.background import Background
 from gridd.dbguard import Problem
 from gridd.events import EventBus
@@ -83,6 +84,8 @@ class Grid:
         self.state = GridState(store, self.bus)
         self.worktrees = Worktrees(workspace.root, workspace.worktrees_dir)
         self.questions = QuestionBook(store=store, state=self.state, bus=self.bus)
+        #: Starts, signals and reattaches agents: the local shim executor (agents/executor.py).
+        self.executor = LocalExecutor(workspace.runs_dir)
         self.pool = AgentPool(
             workspace=workspace,
             settings=settings,
@@ -91,13 +94,15 @@ class Grid:
             worktrees=self.worktrees,
             background=self.background,
             questions=self.questions,
+            executor=self.executor,
             environ=os.environ,
         )
         self.finisher = Finisher(
             settings=settings,
             state=self.state,
             bus=self.bus,
-            pool=self.pool,
+            roster=self.pool.roster,
+            profiles=self.pool.profiles,
             worktrees=self.worktrees,
             questions=self.questions,
         )
@@ -161,13 +166,14 @@ class Grid:
             ahead=settings.scheduler.prepare_ahead,
             busy=lambda: self.pool.starting | self.pool.finishing,
         )
-        self.pool.prepared = self.prepared
+        self.pool.spawner.prepared = self.prepared
         self.radar = Radar(
             state=self.state,
             bus=self.bus,
             root=workspace.root,
             background=self.background,
             period=settings.merge.radar_seconds,
+            looks_per_second=settings.merge.radar_looks_per_second,
         )
         if settings.merge.hold_overlapping:
             self.scheduler.held = lambda: radar.held(
@@ -192,7 +198,7 @@ class Grid:
         await self.worktrees.setup()
         self.workspace.runs_dir.mkdir(mode=0o700, exist_ok=True)
         await recover(state=self.state, pool=self.pool, worktrees=self.worktrees, bus=self.bus)
-        self.pool.shims.start()
+        self.executor.start()
         if self.beads.enabled():
             self.scheduler.more_work_may_arrive = True
             self.pool.claimers[BEADS] = self.beads.claim
@@ -220,7 +226,7 @@ class Grid:
         """End live streams and background work; the caller closes the store afterwards."""
         self.supervisor.stop()
         await self.notifier.stop()
-        self.pool.shims.close()
+        self.executor.close()
         self._end_streams()
         await self.background.stop()
         self.pool.wakeups.close()

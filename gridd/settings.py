@@ -341,6 +341,12 @@ class MergeSettings(_Section):
     radar_seconds: float = Field(
         default=3.0, gt=0, le=3600, description="Conflict radar refresh period per live task"
     )
+    radar_looks_per_second: float = Field(
+        default=2.0,
+        gt=0,
+        le=1000,
+        description="At most this many worktrees re-read per second, however many agents print",
+    )
 
 
 class Settings(_Section):

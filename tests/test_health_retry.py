@@ -11,17 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from gridd.background import Background
-from gridd.events import EventBus
 from gridd.model import Task, TaskStatus
 from gridd.plan import Observed, StartTask, plan
-from gridd.pool import AgentPool
-from gridd.questions import QuestionBook
+from gridd.pool import Roster
 from gridd.settings import parse_settings
-from gridd.state import GridState
-from gridd.store import Store
-from gridd.workspace import Workspace
-from gridd.worktrees import Worktrees
 from tests.helpers import (
     agent_command,
     core_daemon,
@@ -169,28 +162,11 @@ def test_retries_back_off_and_read_the_previous_failure(repo: Path, tmp_path: Pa
         assert tail == [f"line {i}" for i in range(52, 251)] + ["giving up"]
 
 
-def test_backoff_doubles_from_its_base_up_to_its_ceiling(tmp_path: Path) -> None:
+def test_backoff_doubles_from_its_base_up_to_its_ceiling() -> None:
     settings = parse_settings({"scheduler": {"backoff_seconds": 2, "backoff_max_seconds": 30}})
-    ws = Workspace(root=tmp_path)
-    ws.ensure_grid_dir()
-    store = Store.open(ws.db_path)
-    try:
-        bus = EventBus(store, queue_size=16)
-        state = GridState(store, bus)
-        pool = AgentPool(
-            workspace=ws,
-            settings=settings,
-            state=state,
-            bus=bus,
-            worktrees=Worktrees(tmp_path, ws.worktrees_dir),
-            background=Background(),
-            questions=QuestionBook(store=store, state=state, bus=bus),
-            environ={},
-        )
-        assert [pool.backoff(n) for n in range(1, 8)] == [2, 4, 8, 16, 30, 30, 30]
-        assert pool.backoff(0) == 2
-    finally:
-        store.close()
+    roster = Roster(settings.scheduler)
+    assert [roster.backoff(n) for n in range(1, 8)] == [2, 4, 8, 16, 30, 30, 30]
+    assert roster.backoff(0) == 2
 
 
 @pytest.mark.parametrize("now", [100.0, 104.9, 105.0, 200.0])

@@ -122,10 +122,12 @@ def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
 
 
 def test_heartbeat_only_agents_get_no_worktree_rescans(rig: Rig) -> None:
-    # The first look reads every worktree; one more look once each is seen quiet.
-    assert rig.sweep() == 2 * AGENTS
+    # The first look reads every worktree: git status each, and one git diff for what the
+    # branches committed (all at the same commit yet: cached by base and head). One more
+    # look once each is seen quiet (git status only: no branch has moved).
+    assert rig.sweep() == AGENTS + 1
     rig.heartbeat_all()
-    assert rig.sweep() == 2 * AGENTS
+    assert rig.sweep() == AGENTS
     # From then on heartbeats every period cost nothing but the one for-each-ref a sweep.
     for _ in range(IDLE_FACTOR - 1):
         rig.heartbeat_all()
@@ -154,17 +156,18 @@ def test_output_a_commit_or_a_hand_edit_makes_the_radar_look_again(rig: Rig) -> 
     rig.sweep()
     rig.sweep()
     assert rig.sweep() == 0
-    # New output from one agent: that worktree only (git diff + git status).
+    # New output from one agent: that worktree only (git status; its branch did not move,
+    # so what it committed is known already).
     rig.state.update_agent("a1", persist=False, output_seq=5)
-    assert rig.sweep() == 2
-    assert rig.sweep() == 2  # and once more as it goes quiet
+    assert rig.sweep() == 1
+    assert rig.sweep() == 1  # and once more as it goes quiet
     assert rig.sweep() == 0
     # A commit on another's branch.
     wt = rig.worktrees["t2"]
     (wt / "b.txt").write_text("b\n")
     _git(wt, "add", "b.txt")
     _git(wt, "commit", "-qm", "work")
-    assert rig.sweep() == 2
+    assert rig.sweep() == 2  # a moved branch: git diff of its commits, and git status
     assert rig.radar.seen["t2"].files == frozenset({"b.txt"})
     # An edit nobody announced is found by the idle look, which then comes sooner again.
     (rig.worktrees["t3"] / "hand.txt").write_text("by hand\n")
@@ -176,4 +179,31 @@ def test_output_a_commit_or_a_hand_edit_makes_the_radar_look_again(rig: Rig) -> 
     assert rig.radar.seen["t3"].idle_gap == 0.0
     # An agent that exits (a change of status) gets its last look.
     move_agent(rig.state, "a4", AgentStatus.EXITED, reason="exited (0)")
-    assert rig.sweep() >= 2
+    assert rig.sweep() == 1
+
+
+def test_the_radar_reads_at_most_its_budget_of_worktrees_a_sweep_and_gets_to_them_all(
+    rig: Rig,
+) -> None:
+    rig.radar.looks_per_second = 2 / PERIOD  # a budget of 2 worktrees a sweep
+    reads: list[set[str]] = []
+    for _ in range(6):
+        for i in range(AGENTS):  # every agent prints all the time
+            seq = rig.state.agents[f"a{i}"].output_seq + 1
+            rig.state.update_agent(f"a{i}", persist=False, output_seq=seq)
+        before = {t: s.scanned for t, s in rig.radar.seen.items()}
+        rig.sweep()
+        reads.append({t for t, s in rig.radar.seen.items() if s.scanned != before.get(t, 0.0)})
+    assert all(len(r) == 2 for r in reads)
+    # The longest unread go first: three sweeps cover all six, and again the next three.
+    assert set().union(*reads[:3]) == set().union(*reads[3:]) == set(rig.worktrees)
+    assert rig.radar.deferred == sum(AGENTS - 2 for _ in reads)
+    # A branch that moved jumps the queue.
+    wt = rig.worktrees["t5"]
+    (wt / "c.txt").write_text("c\n")
+    _git(wt, "add", "c.txt")
+    _git(wt, "commit", "-qm", "work")
+    before = rig.radar.seen["t5"].scanned
+    rig.sweep()
+    assert rig.radar.seen["t5"].scanned != before
+    assert "c.txt" in rig.radar.seen["t5"].files

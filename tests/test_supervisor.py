@@ -169,3 +169,40 @@ def test_backoff_doubles_per_recent_crash_and_flapping_marks_a_part_down() -> No
     # Old crashes fall out of the window: a part that ran well for a while starts afresh.
     late = after_crash([1.0, 2.0, 3.0, 100.0], 100.0, s)
     assert late.state is PartState.RESTARTING and late.delay == 1
+
+
+async def test_a_claim_that_fails_badly_leaves_the_task_ready_not_working(repo: Path) -> None:
+    """The claim fails and, cleaning up after it, something raises what no one expected:
+    the attempt still fails cleanly (``task.start_failed``, back to ``ready`` with a
+    backoff), the task is never left ``working`` with nothing running."""
+    from gridd.errors import GriddError
+    from gridd.model import Task, TaskStatus
+
+    config = {"scheduler": {**FAST_SCHEDULER, "step_mode": True, "backoff_seconds": 30}}
+    async with inprocess_daemon(repo, config) as d:
+        grid = cast(Grid, d.grid)
+        task = grid.commands.create_tasks([TaskSpec(title="claimed elsewhere")])[0]
+        claims = 0
+
+        async def claim(_: Task) -> bool:
+            nonlocal claims
+            claims += 1
+            raise GriddError("bd could not answer", code="bd_error")
+
+        async def discard(*_: Any, **__: Any) -> None:
+            raise RuntimeError("injected: cleaning up the worktree failed")
+
+        grid.pool.claimers[task.source] = claim
+        grid.worktrees.discard = discard  # type: ignore[method-assign]
+        grid.commands.start_task(task.id)
+        await grid.scheduler.step()
+        assert claims == 1
+        after = grid.state.tasks[task.id]
+        assert after.status == TaskStatus.READY, after
+        assert task.id not in grid.pool.starting
+        failed = _events(grid, "task.start_failed")
+        assert failed and failed[-1]["taskId"] == task.id
+        assert "RuntimeError" in str(failed[-1]["error"])
+        await grid.scheduler.step()  # backing off: no second claim at once
+        assert claims == 1
+        assert grid.state.tasks[task.id].status == TaskStatus.READY

@@ -18,33 +18,21 @@ import struct
 import subprocess
 import sys
 import termios
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gridd.agents import shim
+from gridd.agents.executor import ExitStatus
 from gridd.errors import Conflict, GriddError
 
 SHIM_PATH = Path(shim.__file__)
+
+__all__ = ["AgentProcess", "ExitStatus", "ShimStarter", "SpawnError"]
 
 
 class SpawnError(GriddError):
     code = "spawn_failed"
     transient = True
-
-
-@dataclass
-class ExitStatus:
-    exit_code: int | None
-    signal: int | None
-    error: str | None = None
-
-    @property
-    def code(self) -> int:
-        """A shell-style status: the exit code, or 128 + signal."""
-        if self.exit_code is not None:
-            return self.exit_code
-        return 128 + (self.signal or 0)
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

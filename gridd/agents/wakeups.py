@@ -1,6 +1,6 @@
 """Wake-ups for agent watchers: a watcher sleeps until its agent wrote, exited or was lost.
 
-A watcher (``pool.AgentPool._watch``) used to look at its run every 20-50 ms whether or not
+A watcher (``pool.watching.Watcher``) used to look at its run every 20-50 ms whether or not
 anything had happened; with a few hundred agents that polling was most of the daemon's CPU.
 Now it waits on its ``Wakeup``, which three sources set:
 

@@ -14,7 +14,13 @@ and then otherwise (hand edits, or an agent that edits without printing): first
 ``IDLE_FACTOR * radar_seconds`` after the last look, doubling while nothing changes up to
 ``IDLE_MAX_FACTOR * radar_seconds``. So a daemon whose agents only send heartbeats is at rest:
 one ``for-each-ref`` per sweep and no per-worktree git. Predictions are cached by the pair of
-commits. The decisions (``overlaps``, ``held``, ``rescan_due``) are pure functions.
+commits, and a branch's committed files by its base and head.
+
+**A budget.** However many agents print, a sweep re-reads at most ``looks_per_second *
+radar_seconds`` worktrees (``[merge] radar_looks_per_second``): the ones never read or whose
+branch moved first, then those waiting longest. With hundreds of busy agents each worktree
+is read less often; the daemon's git work, and so its CPU, stays bounded. The decisions
+(``overlaps``, ``held``, ``rescan_due``, ``pick``) are pure functions.
 """
 
 from __future__ import annotations
@@ -135,6 +141,14 @@ def rescan_due(
     return now - seen.scanned >= (seen.idle_gap or IDLE_FACTOR * period)
 
 
+def pick(due: Iterable[tuple[str, Seen, bool]], budget: int) -> list[str]:
+    """Which due worktrees to read this sweep, at most ``budget``: ``due`` holds (task id,
+    what is known, whether its branch moved); never-read and moved ones go first, then the
+    longest unread (PURE)."""
+    ranked = sorted(due, key=lambda d: (not (d[1].scanned == 0.0 or d[2]), d[1].scanned, d[0]))
+    return [task_id for task_id, _seen, _moved in ranked[: max(1, budget)]]
+
+
 def item_id(kind: str, tasks: tuple[str, ...]) -> str:
     return f"{kind}:{'+'.join(tasks)}"
 
@@ -149,11 +163,14 @@ class Radar:
     root: Path
     background: Background
     period: float = 3.0
+    looks_per_second: float = 2.0
     seen: dict[str, Seen] = field(default_factory=dict)
     items: dict[str, ConflictItem] = field(default_factory=dict)
     _predictions: dict[tuple[str, str], list[str] | None] = field(default_factory=dict)
     _landed: dict[tuple[str, str], frozenset[str]] = field(default_factory=dict)
+    _committed: dict[tuple[str, str], frozenset[str]] = field(default_factory=dict)
     scans: int = 0
+    deferred: int = 0  # due looks left for a later sweep by the budget
     clock: Callable[[], float] = time.monotonic
 
     def start(self) -> None:
@@ -178,7 +195,19 @@ class Radar:
             return
         heads = await self._heads()
         now = self.clock()
+        due: list[tuple[str, Seen, bool]] = []
         for task in live.values():
+            head = heads.get(task.branch or "")
+            seen = self.seen.setdefault(task.id, Seen(quiet_rescanned=False))
+            kept = (seen.quiet_rescanned, seen.idle_gap)
+            activity = activity_of(self.state.agent_for_task(task.id))
+            if rescan_due(seen, head=head, activity=activity, now=now, period=self.period):
+                due.append((task.id, seen, head != seen.head))
+                seen.quiet_rescanned, seen.idle_gap = kept  # settled by the look itself
+        chosen = pick(due, round(self.looks_per_second * self.period)) if due else []
+        self.deferred += len(due) - len(chosen)
+        for task_id in chosen:
+            task = live[task_id]
             await self._look(task, heads.get(task.branch or ""), now)
         feature = self.state.session.feature_branch
         tip = heads.get(feature) if feature else None
@@ -242,19 +271,16 @@ class Radar:
         return heads
 
     async def _look(self, task: Task, head: str | None, now: float) -> None:
-        seen = self.seen.setdefault(task.id, Seen(quiet_rescanned=False))
+        """Re-read one worktree (the sweep decided it is due)."""
+        seen = self.seen[task.id]
         activity = activity_of(self.state.agent_for_task(task.id))
         idle = seen.quiet_rescanned and activity == seen.activity and head == seen.head
-        if not rescan_due(seen, head=head, activity=activity, now=now, period=self.period):
-            return
+        rescan_due(seen, head=head, activity=activity, now=now, period=self.period)
         seen.activity, seen.head, seen.scanned = activity, head, now
         self.scans += 1
         files: set[str] = set()
         if task.base_commit and head:
-            diff = await git(
-                self.root, "diff", "--name-only", "-z", task.base_commit, head, "--", check=False
-            )
-            files |= {f for f in diff.out.split("\0") if f}
+            files |= await self._committed_files(task.base_commit, head)
         path = Path(task.worktree) if task.worktree else None
         if path is not None and (path / ".git").exists():
             files |= await uncommitted(path)
@@ -265,6 +291,16 @@ class Radar:
         else:
             seen.idle_gap = 0.0
         seen.files = found
+
+    async def _committed_files(self, base: str, head: str) -> frozenset[str]:
+        """Files a branch changed from ``base`` to ``head`` (cached: commits do not change)."""
+        key = (base, head)
+        if len(self._committed) > CACHE_LIMIT:
+            self._committed.clear()
+        if key not in self._committed:
+            diff = await git(self.root, "diff", "--name-only", "-z", base, head, "--", check=False)
+            self._committed[key] = frozenset(f for f in diff.out.split("\0") if f)
+        return self._committed[key]
 
     async def _tip(self, branch: str) -> str | None:
         res = await git(

@@ -1,0 +1,92 @@
+"""The executor seam: how the pool starts an agent's process, signals it, and finds it again.
+
+The pool (``gridd/pool/``) and the scheduler above it never start a process themselves:
+they hand a ``Launch`` to an ``Executor`` and get back an ``AgentHandle``. The only executor
+today is the local shim executor (``agents/local.py`` over ``agents/process.py`` and
+``agents/shim.py``: a detached supervisor per agent, outliving the daemon). An executor on
+another engine (a container runtime, a distributed scheduler) implements the same two
+protocols and plugs in at the composition root (``grid.py``), with no change to the
+scheduler or the pool.
+
+A handle names the agent by (pid, create time) and its supervisor likewise; the run
+directory holds what the agent writes (output, heartbeats, ``exit.json``), which is what the
+pool watches whatever runs the agent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from gridd.model import Agent
+
+
+@dataclass
+class ExitStatus:
+    exit_code: int | None
+    signal: int | None
+    error: str | None = None
+
+    @property
+    def code(self) -> int:
+        """A shell-style status: the exit code, or 128 + signal."""
+        if self.exit_code is not None:
+            return self.exit_code
+        return 128 + (self.signal or 0)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What to run for one agent, and where its run directory is."""
+
+    run_dir: Path
+    argv: list[str]
+    cwd: Path
+    env: dict[str, str] = field(repr=False)
+    #: "pipe" (the pool may write to it), "null" or "inherit" (as the profile says).
+    stdin: str = "pipe"
+
+
+class AgentHandle(Protocol):
+    """One agent's process (and its supervisor), as the pool sees it."""
+
+    run_dir: Path
+    pid: int | None
+    create_time: float | None
+    shim_pid: int | None
+    shim_create_time: float | None
+
+    def exit_status(self) -> ExitStatus | None: ...
+
+    def alive(self) -> bool: ...
+
+    def group_alive(self) -> bool: ...
+
+    def shim_alive(self) -> bool: ...
+
+    def signal(self, sig: int) -> bool: ...
+
+    def close_stdin(self) -> bool: ...
+
+    def write_stdin(self, text: str) -> None: ...
+
+
+class Executor(Protocol):
+    """Starts, signals (through the handles it returns) and reattaches agents."""
+
+    def start(self) -> None:
+        """Get ready to spawn (e.g. start helpers ahead of need). After ``recover``."""
+
+    def close(self) -> None:
+        """Release what ``start`` holds; running agents are left running."""
+
+    async def spawn(self, launch: Launch) -> AgentHandle:
+        """Start the agent and return once it runs (or has already failed: its
+        ``exit_status`` then says why). Raises ``GriddError`` or ``OSError`` when it could
+        not be started at all."""
+
+    def reattach(self, agent: Agent) -> AgentHandle:
+        """The handle of an agent started by an earlier daemon. When the record has no pid
+        (that daemon died while spawning), the handle is the run's, if it started; its
+        ``pid`` stays None when it did not (yet)."""

@@ -1,0 +1,51 @@
+"""The local shim executor: agents run on this machine, each under a detached shim.
+
+The only ``Executor`` (``agents/executor.py``) today. A spawn hands the run to a shim
+(``agents/shim.py``), started ahead of need by ``ShimStarter`` (``agents/process.py``);
+the shim outlives the daemon, so a restarted daemon reattaches to its agents from what the
+run directory and the state database say.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gridd.agents.executor import AgentHandle, Launch
+from gridd.agents.process import AgentProcess, ShimStarter
+from gridd.model import Agent
+
+
+class LocalExecutor:
+    def __init__(self, runs_dir: Path) -> None:
+        self.shims = ShimStarter(runs_dir / "spare-shim.log")
+
+    def start(self) -> None:
+        self.shims.start()
+
+    def close(self) -> None:
+        self.shims.close()
+
+    async def spawn(self, launch: Launch) -> AgentHandle:
+        return await AgentProcess.spawn(
+            launch.run_dir,
+            argv=launch.argv,
+            cwd=launch.cwd,
+            env=launch.env,
+            stdin=launch.stdin,
+            starter=self.shims,
+        )
+
+    def reattach(self, agent: Agent) -> AgentHandle:
+        run_dir = Path(agent.run_dir)
+        if agent.pid is None:
+            # That daemon died while the shim was starting: the shim may well run the agent.
+            adopted = AgentProcess.adopt(run_dir, not_before=agent.started_at.timestamp())
+            if adopted is not None:
+                return adopted
+        return AgentProcess(
+            run_dir,
+            agent.pid,
+            agent.create_time,
+            shim_pid=agent.shim_pid,
+            shim_create_time=agent.shim_create_time,
+        )

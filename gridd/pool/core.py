@@ -1,0 +1,128 @@
+"""The agent pool: the one object the scheduler, the commands and recovery talk to about
+agents. It composes the parts and holds no logic of its own:
+
+    spawning.py     a task marked working -> worktree, run directory, process (executor)
+    reattaching.py  agents of an earlier daemon -> watched again
+    watching.py     one watcher per agent: wakes, reads (reading.py), judges health, on exit
+                    calls the finisher (``on_exit``)
+    talking.py      answers, follow-ups and nudges to an agent's stdin
+    stopping.py     stop, kill, and the end of a finished conversation
+    roster.py       what is live in this daemon; shared with the finisher (``finish.py``)
+
+Processes are started, signalled and reattached only through the executor
+(``agents/executor.py``); the pool never knows how (the local shim executor today).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gridd.agents.executor import Executor
+from gridd.agents.output import OutputLog
+from gridd.agents.wakeups import Wakeups
+from gridd.background import Background
+from gridd.events import EventBus
+from gridd.model import Agent, Question
+from gridd.pool.context import PoolContext
+from gridd.pool.reading import RunReader
+from gridd.pool.reattaching import Reattacher
+from gridd.pool.roster import Roster
+from gridd.pool.spawning import Claimer, Spawner
+from gridd.pool.stopping import Stopper
+from gridd.pool.talking import Conversation, output_log
+from gridd.pool.watching import OnExit, Watcher
+from gridd.questions import QuestionBook
+from gridd.settings import Settings
+from gridd.state import GridState
+from gridd.workspace import Workspace
+from gridd.worktrees import Worktrees
+
+
+class AgentPool:
+    def __init__(
+        self,
+        *,
+        workspace: Workspace,
+        settings: Settings,
+        state: GridState,
+        bus: EventBus,
+        worktrees: Worktrees,
+        background: Background,
+        questions: QuestionBook,
+        executor: Executor,
+        environ: Mapping[str, str],
+    ) -> None:
+        self.settings = settings
+        self.state = state
+        self.executor = executor
+        self.profiles = settings.profiles()
+        self.roster = Roster(settings.scheduler)
+        self.roster.restore_backoffs(list(state.tasks.values()))
+        ctx = PoolContext(
+            workspace=workspace,
+            settings=settings,
+            profiles=self.profiles,
+            state=state,
+            bus=bus,
+            background=background,
+            questions=questions,
+            executor=executor,
+            roster=self.roster,
+        )
+        watch = settings.watch
+        self.wakeups = Wakeups(
+            notify=watch.notify,
+            sweep_seconds=watch.sweep_seconds,
+            fallback_seconds=watch.fallback_seconds,
+        )
+        self.talk = Conversation(ctx)
+        self.stopper = Stopper(ctx)
+        reader = RunReader(ctx, talk=self.talk, stopper=self.stopper)
+        self.watcher = Watcher(
+            ctx, reader=reader, stopper=self.stopper, talk=self.talk, wakeups=self.wakeups
+        )
+        self.spawner = Spawner(ctx, worktrees=worktrees, watcher=self.watcher, environ=environ)
+        self.reattacher = Reattacher(ctx, watcher=self.watcher)
+        # The roster's tables, by their old names (the scheduler and commands read them).
+        self.handles = self.roster.handles
+        self.runs = self.roster.runs
+        self.started_mono = self.roster.started_mono
+        self.starting = self.roster.starting
+        self.finishing = self.roster.finishing
+        self.not_before = self.roster.not_before
+        self.stops = self.roster.stops
+        self.claimers: dict[str, Claimer] = self.spawner.claimers
+
+    @property
+    def on_exit(self) -> OnExit | None:
+        """Finishes an agent run (``finish.Finisher.finish``; set by the composition root)."""
+        return self.watcher.on_exit
+
+    @on_exit.setter
+    def on_exit(self, callback: OnExit | None) -> None:
+        self.watcher.on_exit = callback
+
+    def backoff(self, attempts: int) -> float:
+        return self.roster.backoff(attempts)
+
+    async def start(self, task_id: str, profile_name: str) -> None:
+        """Spawn an agent for a task already marked ``working``. Failures retry later."""
+        await self.spawner.start(task_id, profile_name)
+
+    def reattach(self, agent: Agent) -> None:
+        self.reattacher.reattach(agent)
+
+    def request_stop(self, agent_id: str, reason: str, *, force: bool = False) -> None:
+        self.stopper.request_stop(agent_id, reason, force=force)
+
+    def write_stdin(self, agent_id: str, text: str) -> None:
+        self.talk.write_stdin(agent_id, text)
+
+    def follow_up(self, agent_id: str, text: str) -> None:
+        self.talk.follow_up(agent_id, text)
+
+    def deliver_answer(self, question: Question, response: str) -> None:
+        self.talk.deliver_answer(question, response)
+
+    def output_log(self, agent: Agent) -> OutputLog:
+        return output_log(agent)

@@ -1,0 +1,148 @@
+"""Reading a run: what an agent's new output and heartbeats mean, put into state and events.
+
+A watcher (``watching.py``) polls the run (``agents/watch.py``) and hands each ``Poll`` here:
+output chunks become ``agent.output`` events (committed together with the agent's published
+position), heartbeats and the adapter's signals (activity, questions, cost, session id,
+result, rate limit, retries, nudges, usage, model, tool use) update the agent and publish
+their events. Questions go to the question book, or are answered by the adapter itself.
+"""
+
+from __future__ import annotations
+
+from gridd.adapters import base
+from gridd.agents.watch import Poll, RunWatch
+from gridd.errors import GriddError
+from gridd.model import Agent, utcnow
+from gridd.pool.context import PoolContext
+from gridd.pool.stopping import Stopper
+from gridd.pool.talking import Conversation
+
+
+class RunReader:
+    def __init__(self, ctx: PoolContext, *, talk: Conversation, stopper: Stopper) -> None:
+        self.ctx = ctx
+        self.talk = talk
+        self.stopper = stopper
+
+    def apply(self, agent_id: str, run: RunWatch, polled: Poll) -> None:
+        agent = self.ctx.state.agents[agent_id]
+        if polled.chunks:
+            last = next(
+                (ln for ln in reversed(polled.chunks[-1].text.splitlines()) if ln.strip()), ""
+            )
+            # The chunks' events and the agent's published position commit together: a
+            # daemon killed after indexing them publishes exactly the rest on restart.
+            # (Subscribers only see the events after this synchronous block has committed.)
+            with self.ctx.state.store.transaction():
+                for chunk in polled.chunks:
+                    self.ctx.bus.publish(
+                        "agent.output",
+                        {"agentId": agent_id, "chunk": chunk.text, "seq": chunk.seq},
+                    )
+                self.ctx.state.update_agent(
+                    agent_id,
+                    output_seq=polled.chunks[-1].seq,
+                    last_output=last[-300:] or agent.last_output,
+                )
+        changes: dict[str, object] = {}
+        if polled.beats:
+            beat = polled.beats[-1]
+            changes.update(
+                last_heartbeat=utcnow(),
+                heartbeat_offset=run.heartbeats.offset,
+                activity=beat.label or beat.status,
+                message=beat.message,
+            )
+        for warning in polled.warnings:
+            self.ctx.bus.publish("agent.warning", {"agentId": agent_id, "warning": warning})
+        for sig in polled.signals:
+            self._signal(agent, run, sig, changes)
+        if polled.life and agent.stalled:
+            changes["stalled"] = False
+            self.ctx.bus.publish("agent.recovered", {"agentId": agent_id, "taskId": agent.task_id})
+        if changes:
+            # Heartbeats, costs and session ids are persisted; output position is derivable.
+            persist = bool(polled.beats) or any(
+                k in changes for k in ("cost_usd", "session_id", "result", "stalled", "model")
+            )
+            self.ctx.state.update_agent(agent_id, persist=persist, **changes)
+        if run.adapter.ends_on_result and not run.session_ended and run.adapter.idle():
+            self.stopper.end_conversation(agent_id, run)
+
+    def _signal(
+        self, agent: Agent, run: RunWatch, sig: base.Signal, changes: dict[str, object]
+    ) -> None:
+        if isinstance(sig, base.Activity):
+            changes.update(activity=sig.label, message=sig.message)
+        elif isinstance(sig, base.Ask):
+            auto = run.adapter.auto_answer(sig)
+            line: str | None = None
+            if auto is not None:
+                try:
+                    # Encoded like a human's answer: aider reads "y", not the label "yes".
+                    line = run.adapter.encode_answer(sig, auto)
+                    self.ctx.roster.handles[agent.id].write_stdin(line)
+                except GriddError as exc:  # e.g. stdin = "null": a human must answer
+                    line = None
+                    warning = f"could not answer automatically ({exc.message}); asking a human"
+                    self.ctx.bus.publish("agent.warning", {"agentId": agent.id, "warning": warning})
+            if line is not None:
+                self.ctx.bus.publish(
+                    "agent.auto_answered",
+                    {
+                        "agentId": agent.id,
+                        "taskId": agent.task_id,
+                        "question": sig.question,
+                        "answer": auto,
+                    },
+                )
+            else:
+                self.ctx.questions.ask(self.ctx.state.agents[agent.id], sig)
+        elif isinstance(sig, base.Cost):
+            changes["cost_usd"] = sig.usd
+        elif isinstance(sig, base.SessionId):
+            changes["session_id"] = sig.value
+        elif isinstance(sig, base.Result):
+            changes.update(result=sig.text[-2000:], current_tool=None)
+        elif isinstance(sig, base.RateLimited):
+            if not run.rate_limit_published:  # one event per park, however often it is said
+                run.rate_limit_published = True
+                self.ctx.bus.publish(
+                    "agent.rate_limited",
+                    {
+                        "agentId": agent.id,
+                        "taskId": agent.task_id,
+                        "message": sig.message,
+                        "resetsAt": sig.resets_at,
+                        "limitType": sig.limit_type,
+                        "source": sig.source,
+                    },
+                )
+        elif isinstance(sig, base.Retrying):
+            self.ctx.bus.publish(
+                "agent.retrying",
+                {
+                    "agentId": agent.id,
+                    "taskId": agent.task_id,
+                    "attempt": sig.attempt,
+                    "maxRetries": sig.max_retries,
+                    "delaySeconds": sig.delay,
+                    "error": sig.error,
+                    "status": sig.status,
+                },
+            )
+            changes.update(
+                activity="retrying", message=f"{sig.error or 'API error'}, attempt {sig.attempt}"
+            )
+        elif isinstance(sig, base.Nudge):
+            self.talk.nudge(agent.id, run, sig.text, why="a continue heartbeat")
+        elif isinstance(sig, base.Usage):
+            changes.update(input_tokens=sig.input_tokens, output_tokens=sig.output_tokens)
+        elif isinstance(sig, base.ModelName):
+            changes["model"] = sig.name
+        elif isinstance(sig, base.ToolUse):
+            changes["current_tool"] = (
+                f"{sig.name}: {sig.summary}" if sig.name and sig.summary else sig.name
+            )
+        elif isinstance(sig, base.Malformed):
+            self.ctx.bus.publish("agent.warning", {"agentId": agent.id, "warning": sig.message})

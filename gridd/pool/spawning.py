@@ -1,0 +1,264 @@
+"""Spawning agents: a task already marked ``working`` gets its worktree (created or reused),
+a run directory, a rendered command and prompt, and a process started by the executor
+(``agents/executor.py``).
+
+The agent is recorded (``starting``) before its process is started, so a daemon that dies
+in between finds it on restart (``reattaching.py``). A spawn that fails for any reason
+(a ``GriddError`` or an ``OSError``: the worktree gone, no file descriptors left, a command
+that cannot run) settles the agent as exited and fails the attempt with its reason: the task
+goes back to ``ready`` after a backoff, or to ``failed`` once its attempts are used up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+
+from gridd.adapters.registry import get_adapter
+from gridd.agents.executor import Launch
+from gridd.agents.watch import RunWatch
+from gridd.errors import GriddError
+from gridd.git.prepared import PreparedWorktrees
+from gridd.lifecycle import move_agent, move_task
+from gridd.model import Agent, AgentStatus, Task, TaskStatus, utcnow
+from gridd.plan import RATE_LIMIT_RESET
+from gridd.pool.context import PoolContext
+from gridd.pool.prompts import continuation_prompt, feedback_prompt, render_command
+from gridd.pool.watching import Watcher
+from gridd.worktrees import Worktrees
+
+log = logging.getLogger(__name__)
+
+#: Called before the first agent of a task from an external source starts; False means
+#: someone else owns the task (e.g. a lost beads claim).
+Claimer = Callable[[Task], Awaitable[bool]]
+
+
+class Spawner:
+    def __init__(
+        self,
+        ctx: PoolContext,
+        *,
+        worktrees: Worktrees,
+        watcher: Watcher,
+        environ: Mapping[str, str],
+    ) -> None:
+        self.ctx = ctx
+        self.worktrees = worktrees
+        self.watcher = watcher
+        self.environ = dict(environ)
+        self.claimers: dict[str, Claimer] = {}
+        #: Set by the composition root: worktrees made ahead (``git.prepared``), taken first.
+        self.prepared: PreparedWorktrees | None = None
+
+    async def start(self, task_id: str, profile_name: str) -> None:
+        """Spawn an agent for a task already marked ``working``. Failures retry later."""
+        self.ctx.roster.starting.add(task_id)
+        try:
+            await self._start(task_id, profile_name)
+        except GriddError as exc:
+            self._start_failed(task_id, exc.message)
+        except OSError as exc:
+            self._start_failed(task_id, f"{type(exc).__name__}: {exc}")
+        finally:
+            self.ctx.roster.starting.discard(task_id)
+            self.ctx.state.flush()
+
+    async def _start(self, task_id: str, profile_name: str) -> None:
+        profile = self.ctx.profiles.get(profile_name)
+        if profile is None:
+            raise GriddError(f"unknown agent profile {profile_name!r}", code="unknown_profile")
+        first = self.ctx.state.tasks[task_id]
+        adapter = get_adapter(profile.adapter, options=profile.adapter_options)
+        session = self.ctx.state.session
+        base_branch = session.feature_branch if session.started else None
+        making = (self.prepared or self.worktrees).create(
+            task_id, base_branch, known_base=first.base_commit if first.branch else None
+        )
+        claimer = self.claimers.get(first.source)
+        if claimer is not None and first.attempts == 0:
+            # Claim while the worktree is made: both are process starts, neither needs the other.
+            claimed, made = await asyncio.gather(claimer(first), making, return_exceptions=True)
+            if claimed is not True:
+                if not isinstance(made, BaseException):
+                    await self.worktrees.discard(made)
+                if isinstance(claimed, BaseException):
+                    # bd could not answer: not an attempt, the claim is tried again later.
+                    until = self.ctx.roster.back_off(task_id, 1)
+                    self.ctx.bus.publish(
+                        "task.start_failed", {"taskId": task_id, "error": f"claim: {claimed}"}
+                    )
+                    move_task(
+                        self.ctx.state,
+                        task_id,
+                        TaskStatus.READY,
+                        reason="claim failed; retrying",
+                        error=f"claim: {claimed}",
+                        backoff_until=until,
+                    )
+                    return
+                move_task(
+                    self.ctx.state,
+                    task_id,
+                    TaskStatus.CANCELLED,
+                    reason="claim lost",
+                    error="claimed by someone else",
+                )
+                return
+            if isinstance(made, BaseException):
+                raise made
+            worktree = made
+        else:
+            worktree = await making
+        task = self.ctx.state.tasks.get(task_id)
+        if task is None or task.status != TaskStatus.WORKING:
+            return  # stopped or cancelled while the worktree was being made
+        continuing = task.sessions > 0
+        attempt = task.attempts if continuing else task.attempts + 1
+        session_number = task.sessions + 1
+        if continuing:
+            resumed = task.error == RATE_LIMIT_RESET
+            prompt = continuation_prompt(task, session_number, rate_limited=resumed)
+        elif task.feedback:
+            prompt = feedback_prompt(task)
+        else:
+            prompt = task.prompt or task.title
+        agent_id = f"{profile_name}-{self.ctx.state.store.next_counter('agent')}"
+        run_dir = self.ctx.workspace.runs_dir / agent_id
+        argv = render_command(
+            profile.command,
+            {"prompt": prompt, "task_id": task.id, "worktree": str(worktree.path)},
+        )
+        argv += adapter.extra_args(argv)
+        resumes = continuing or bool(task.feedback)  # the same conversation, sent back
+        previous_session = self._previous_session_id(task.id) if resumes else None
+        if previous_session and profile.adapter == "claude":
+            argv += ["--resume", previous_session]
+        env = {
+            **self.environ,
+            **profile.env,
+            "GRID_TASK_ID": task.id,
+            "GRID_AGENT_ID": agent_id,
+            "GRID_WORKSPACE": str(self.ctx.workspace.root),
+            "GRID_SOCKET": str(self.ctx.workspace.socket_path),
+            "GRID_HEARTBEAT": str(run_dir / "heartbeat.ndjson"),
+            "GRID_ATTEMPT": str(attempt),
+            "GRID_SESSION": str(session_number),
+        }
+        failure = self._previous_failure_file(task.id)
+        if failure is not None:
+            env["GRID_PREVIOUS_FAILURE"] = str(failure)
+        self.ctx.state.update_task(
+            task_id,
+            attempts=attempt,
+            sessions=session_number,
+            branch=worktree.branch,
+            base_commit=worktree.base,
+            worktree=str(worktree.path),
+            error=None,
+        )
+        agent = Agent(
+            id=agent_id,
+            task_id=task_id,
+            profile=profile_name,
+            worktree_path=str(worktree.path),
+            attempt=attempt,
+            run_dir=str(run_dir),
+            adapter=profile.adapter,
+            session_number=session_number,
+        )
+        self.ctx.state.put_agent(agent)
+        try:
+            handle = await self.ctx.executor.spawn(
+                Launch(run_dir=run_dir, argv=argv, cwd=worktree.path, env=env, stdin=profile.stdin)
+            )
+        except GriddError as exc:
+            move_agent(
+                self.ctx.state,
+                agent_id,
+                AgentStatus.EXITED,
+                reason="spawn failed",
+                ended_at=utcnow(),
+                error=exc.message,
+            )
+            raise
+        opening = adapter.initial_input(prompt)
+        if opening and profile.stdin == "pipe" and handle.exit_status() is None:
+            handle.write_stdin(opening)
+        self.ctx.roster.handles[agent_id] = handle
+        self.ctx.roster.runs[agent_id] = RunWatch(run_dir, adapter)
+        self.ctx.roster.started_mono[agent_id] = time.monotonic()
+        move_agent(
+            self.ctx.state,
+            agent_id,
+            AgentStatus.RUNNING,
+            reason="spawned",
+            pid=handle.pid,
+            create_time=handle.create_time,
+            shim_pid=handle.shim_pid,
+            shim_create_time=handle.shim_create_time,
+        )
+        self.ctx.bus.publish(
+            "agent.spawned",
+            {
+                "agentId": agent_id,
+                "taskId": task_id,
+                "worktree": str(worktree.path),
+                "pid": handle.pid,
+                "profile": profile_name,
+                "attempt": attempt,
+                "session": session_number,
+            },
+        )
+        self.ctx.state.touch()
+        self.watcher.spawn(agent_id)
+
+    def _start_failed(self, task_id: str, message: str) -> None:
+        task = self.ctx.state.tasks.get(task_id)
+        if task is None:
+            return
+        log.warning("could not start task %s: %s", task_id, message)
+        attempts = task.attempts + 1
+        self.ctx.bus.publish("task.start_failed", {"taskId": task_id, "error": message})
+        if task.status != TaskStatus.WORKING:
+            return
+        if attempts >= task.max_attempts:
+            move_task(
+                self.ctx.state,
+                task_id,
+                TaskStatus.FAILED,
+                reason="could not start",
+                attempts=attempts,
+                error=message,
+            )
+        else:
+            until = self.ctx.roster.back_off(task_id, attempts)
+            move_task(
+                self.ctx.state,
+                task_id,
+                TaskStatus.READY,
+                reason="could not start; retrying",
+                attempts=attempts,
+                error=message,
+                backoff_until=until,
+            )
+
+    def _task_agents(self, task_id: str) -> list[Agent]:
+        agents = [a for a in self.ctx.state.agents.values() if a.task_id == task_id]
+        return sorted(agents, key=lambda a: a.started_at)
+
+    def _previous_session_id(self, task_id: str) -> str | None:
+        for agent in reversed(self._task_agents(task_id)):
+            if agent.session_id:
+                return agent.session_id
+        return None
+
+    def _previous_failure_file(self, task_id: str) -> Path | None:
+        for agent in reversed(self._task_agents(task_id)):
+            path = Path(agent.run_dir) / "failure.md"
+            if path.exists():
+                return path
+        return None

@@ -1,0 +1,90 @@
+"""Stopping agents: a requested stop (SIGTERM, SIGKILL after the grace period), a kill, and
+the end of a conversation whose last turn is over (stdin closed, then TERM and KILL if the
+agent lingers).
+
+Signals go to the agent's whole process group through its handle (``agents/executor.py``);
+a stop already in flight in this daemon is never started twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+
+from gridd.agents.executor import AgentHandle
+from gridd.agents.watch import RunWatch
+from gridd.lifecycle import move_agent
+from gridd.model import AgentStatus
+from gridd.pool.context import PoolContext
+
+log = logging.getLogger(__name__)
+
+
+class Stopper:
+    def __init__(self, ctx: PoolContext) -> None:
+        self.ctx = ctx
+
+    def request_stop(self, agent_id: str, reason: str, *, force: bool = False) -> None:
+        """Ask an agent to stop: SIGTERM to its group, SIGKILL after the grace period."""
+        ctx = self.ctx
+        agent = ctx.state.agents.get(agent_id)
+        if agent is None or agent.status == AgentStatus.EXITED:
+            return
+        if agent_id not in ctx.roster.handles:
+            # Its spawn is still in flight, or it has exited and is being finished: nothing
+            # to signal. What is wanted stays recorded; the next pass asks again.
+            return
+        stops = ctx.roster.stops
+        if agent_id in stops and (stops[agent_id] or not force):
+            return  # already being stopped (or killed) by this daemon
+        stops[agent_id] = force
+        move_agent(ctx.state, agent_id, AgentStatus.STOPPING, reason=reason, stop_reason=reason)
+        ctx.background.spawn(f"stop:{agent_id}", self._stop(agent_id, force=force))
+
+    async def _stop(self, agent_id: str, *, force: bool) -> None:
+        handle = self.ctx.roster.handles.get(agent_id)
+        if handle is None:
+            return
+        if force:
+            handle.signal(signal.SIGKILL)
+            return
+        handle.signal(signal.SIGTERM)
+        grace = self.ctx.settings.scheduler.stop_grace_seconds
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            # Wait for the whole group: a child that outlives the agent is killed as well.
+            if not handle.group_alive():
+                return
+            await asyncio.sleep(0.05)
+        log.warning("agent %s ignored SIGTERM for %.0fs; killing", agent_id, grace)
+        handle.signal(signal.SIGKILL)
+
+    # -- ending a conversation ------------------------------------------------------------------
+
+    def end_conversation(self, agent_id: str, run: RunWatch) -> None:
+        """The agent's last turn ended and nothing waits (no open question, no message not
+        yet taken up): close its stdin so it exits; TERM, then KILL, if it lingers."""
+        if self.ctx.questions.pending_for(agent_id):
+            return
+        handle = self.ctx.roster.handles.get(agent_id)
+        if handle is None:
+            return
+        run.session_ended = True
+        handle.close_stdin()
+        self.ctx.background.spawn(f"end:{agent_id}", self._await_end(agent_id, handle))
+
+    async def _await_end(self, agent_id: str, handle: AgentHandle) -> None:
+        grace = self.ctx.settings.scheduler.stop_grace_seconds
+        for sig in (None, signal.SIGTERM, signal.SIGKILL):
+            if sig is not None:
+                log.warning(
+                    "agent %s did not exit after its result; sending %s", agent_id, sig.name
+                )
+                handle.signal(sig)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline:
+                if handle.exit_status() is not None or not handle.group_alive():
+                    return
+                await asyncio.sleep(0.02)

@@ -1,0 +1,216 @@
+"""Watching agents: one watcher per agent, from its spawn (or reattachment) until it has
+exited and been finished.
+
+A watcher looks at its run each time something happened to it (``agents/wakeups.py``: new
+output or heartbeats, ``exit.json``, the supervisor's death, or a health deadline), hands
+what it read to ``reading.py``, judges the agent's health (launch failure, stall;
+``liveness.py``) and, once the agent has exited, calls ``on_exit`` (the finisher, set by the
+composition root). A supervisor gone without an exit record is an orphaned run: watched
+while its agent lives, then failed with that reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from gridd.agents.executor import AgentHandle, ExitStatus
+from gridd.agents.wakeups import Wakeup, Wakeups
+from gridd.agents.watch import RunWatch
+from gridd.errors import StoreError
+from gridd.liveness import LAUNCH_HINT, Verdict, assess, next_change
+from gridd.model import AgentStatus
+from gridd.pool.context import PoolContext
+from gridd.pool.reading import RunReader
+from gridd.pool.stopping import Stopper
+from gridd.pool.talking import Conversation
+
+log = logging.getLogger(__name__)
+
+#: A look at a run indexes at most this many chunks (``OutputLog.poll``); a full look
+#: means more may be waiting, so the watcher looks again at once instead of sleeping.
+MAX_CHUNKS_PER_LOOK = 16
+#: Where nothing reports the shim's death (no pidfd) the watcher asks the OS this often.
+LIVENESS_SECONDS = 0.5
+#: A state database that cannot be written: retry watching after this (doubling, capped).
+STORE_RETRY_SECONDS = 0.5
+STORE_RETRY_MAX_SECONDS = 10.0
+
+#: Finishes an agent run (``finish.Finisher.finish``).
+OnExit = Callable[[str, ExitStatus, RunWatch], Awaitable[None]]
+
+
+class Watcher:
+    def __init__(
+        self,
+        ctx: PoolContext,
+        *,
+        reader: RunReader,
+        stopper: Stopper,
+        talk: Conversation,
+        wakeups: Wakeups,
+    ) -> None:
+        self.ctx = ctx
+        self.reader = reader
+        self.stopper = stopper
+        self.talk = talk
+        #: What wakes the watchers: file notifications, the shims' exits, a safety-net sweep.
+        self.wakeups = wakeups
+        self._sweeping = False
+        self.on_exit: OnExit | None = None
+
+    def spawn(self, agent_id: str) -> None:
+        """Start watching an agent (a background task named ``agent:<id>``)."""
+        self.ctx.background.spawn(f"agent:{agent_id}", self.watch(agent_id))
+
+    def _wakeup(self, agent_id: str, handle: AgentHandle, run: RunWatch) -> Wakeup:
+        """The watcher's alarm clock (``agents/wakeups.py``); the sweep starts with the first."""
+        if not self._sweeping:
+            self._sweeping = True
+            self.wakeups.start()
+            self.ctx.background.supervise("agent-wakeups", self.wakeups.run, core=True)
+        return self.wakeups.watch(
+            handle.run_dir,
+            unread=run.unread,
+            shim_pid=handle.shim_pid if handle.shim_create_time is not None else None,
+            shim_alive=handle.shim_alive,
+        )
+
+    async def watch(self, agent_id: str) -> None:
+        """Watch one agent until it has exited and been finished. A state database that
+        cannot be written (a full or read-only disk) pauses the watching, never ends it:
+        the agent's output stays in its run files and the watch resumes once writes work."""
+        pause = STORE_RETRY_SECONDS
+        while True:
+            try:
+                await self._watch_once(agent_id)
+                return
+            except StoreError as exc:
+                log.error("agent %s: %s; watching again in %.0fs", agent_id, exc.message, pause)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, STORE_RETRY_MAX_SECONDS)
+
+    async def _watch_once(self, agent_id: str) -> None:
+        handle, run = self.ctx.roster.handles[agent_id], self.ctx.roster.runs[agent_id]
+        wake = self._wakeup(agent_id, handle, run)
+        try:
+            await self._watch_run(agent_id, handle, run, wake)
+        finally:
+            self.wakeups.unwatch(wake)
+
+    async def _watch_run(
+        self, agent_id: str, handle: AgentHandle, run: RunWatch, wake: Wakeup
+    ) -> None:
+        """Look at the run each time something happened to it (see ``Wakeups``): new output
+        or heartbeats, ``exit.json``, the shim's death, or a health deadline."""
+        next_liveness = 0.0
+        while True:
+            wake.clear()  # before looking: a write from here on wakes us again
+            status = handle.exit_status()
+            polled = run.poll(final=status is not None)
+            self.reader.apply(agent_id, run, polled)
+            now = time.monotonic()
+            # Asking the OS whether the shim lives costs far more than reading two files:
+            # exit.json is the normal way out and a pidfd reports the shim's death, so this
+            # is only the safety net where no pidfd watches it (or the agent is orphaned).
+            ask_os = wake.shim_gone or (not wake.shim_watched and now >= next_liveness)
+            if status is None and ask_os and not handle.shim_alive():
+                # The shim writes exit.json just before it exits: look once more.
+                status = handle.exit_status() or self._orphaned(agent_id, handle, run)
+            if status is None and now >= next_liveness:
+                next_liveness = now + LIVENESS_SECONDS
+            if status is not None:
+                while True:
+                    rest = run.poll(final=True)
+                    if not rest.chunks and not rest.beats:
+                        break
+                    self.reader.apply(agent_id, run, rest)
+                if self.on_exit is not None:
+                    await self.on_exit(agent_id, status, run)
+                return
+            self.check_health(agent_id, run)
+            if len(polled.chunks) >= MAX_CHUNKS_PER_LOOK:
+                await asyncio.sleep(0)  # more may be waiting: let others run, then go on
+                continue
+            await wake.wait(self._sleep_for(agent_id, run, wake))
+
+    def _sleep_for(self, agent_id: str, run: RunWatch, wake: Wakeup) -> float | None:
+        """How long a watcher may sleep when nothing wakes it: until its next health verdict,
+        or the liveness check where nothing reports the shim's death."""
+        agent = self.ctx.state.agents[agent_id]
+        limits = self.ctx.limits(agent)
+        started = self.ctx.started(agent_id)
+        health_due = next_change(
+            now=time.monotonic(), started=started, last_life=run.last_life, limits=limits
+        )
+        if agent.status not in (AgentStatus.RUNNING, AgentStatus.STARTING):
+            # Stopping, or waiting for a human: silence is expected. Look now and then all
+            # the same: an answer makes it running again, and its clock starts anew.
+            health_due = self.wakeups.sweep_seconds
+        liveness = None if wake.shim_watched and not run.orphaned else LIVENESS_SECONDS
+        waits = [w for w in (health_due, liveness) if w is not None]
+        return min(waits) if waits else None
+
+    def _orphaned(self, agent_id: str, handle: AgentHandle, run: RunWatch) -> ExitStatus | None:
+        """The shim is gone without a readable exit record. While the agent itself still
+        runs (its output still reaches the log) it is watched on; once it is gone too, its
+        exit status is unknown and that is the reason it failed."""
+        exit_file = handle.run_dir / "exit.json"
+        if exit_file.exists():
+            reason = f"{exit_file} is unreadable; the agent's exit status is unknown"
+        else:
+            reason = "the agent's supervisor died; its exit status is unknown"
+        if handle.group_alive():
+            if not run.orphaned:
+                run.orphaned = True
+                self.ctx.bus.publish(
+                    "agent.warning",
+                    {"agentId": agent_id, "warning": f"{reason}; watching it until it exits"},
+                )
+            return None
+        return ExitStatus(None, None, reason)
+
+    def check_health(self, agent_id: str, run: RunWatch) -> None:
+        agent = self.ctx.state.agents[agent_id]
+        if agent.status not in (AgentStatus.RUNNING, AgentStatus.STARTING):
+            return  # stopping, or waiting for a human: silence is expected
+        started = self.ctx.started(agent_id)
+        limits = self.ctx.limits(agent)
+        verdict = assess(
+            now=time.monotonic(), started=started, last_life=run.last_life, limits=limits
+        )
+        if verdict is Verdict.LAUNCH_FAILED and not run.launch_failed:
+            run.launch_failed = True
+            reason = f"no output and no heartbeat within {limits.launch_grace:g}s"
+            self.ctx.bus.publish(
+                "agent.launch_failed",
+                {
+                    "agentId": agent_id,
+                    "taskId": agent.task_id,
+                    "reason": reason,
+                    "hint": LAUNCH_HINT,
+                },
+            )
+            self.stopper.request_stop(agent_id, reason, force=True)
+        elif verdict is Verdict.STALLED and not agent.stalled:
+            self.ctx.state.update_agent(agent_id, stalled=True)
+            silent = time.monotonic() - (run.last_life or started)
+            self.ctx.bus.publish(
+                "agent.stalled",
+                {"agentId": agent_id, "taskId": agent.task_id, "silentSeconds": round(silent, 1)},
+            )
+            nudge = run.adapter.stall_nudge()
+            if nudge is not None and not run.nudged:
+                self.talk.nudge(agent_id, run, nudge, why="a stall")
+        elif verdict is Verdict.STALL_KILL:
+            nudge = run.adapter.stall_nudge()
+            if (
+                nudge is not None
+                and not run.nudged
+                and self.talk.nudge(agent_id, run, nudge, why="a stall")
+            ):
+                run.last_life = time.monotonic()  # a stall kills only after the nudge failed
+                return
+            self.stopper.request_stop(agent_id, f"stalled: silent for over {limits.stall_kill:g}s")

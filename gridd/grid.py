@@ -276,6 +276,7 @@ class Grid:
         if self._store_degraded and self.store.probe_write():
             self._store_degraded = False
             log.warning("state database takes writes again")
+            self.supervisor.retry_now()  # parts that crashed on the full disk need not wait
             self.supervisor.announce_safely("daemon.recovered", {"part": STORE_PART})
 
     async def _prune_loop(self) -> None:

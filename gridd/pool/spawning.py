@@ -63,6 +63,9 @@ class Spawner:
             self._start_failed(task_id, exc.message)
         except OSError as exc:
             self._start_failed(task_id, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # a bug still fails the attempt: never left `working`
+            log.exception("starting task %s failed unexpectedly", task_id)
+            self._start_failed(task_id, f"{type(exc).__name__}: {exc}")
         finally:
             self.ctx.roster.starting.discard(task_id)
             self.ctx.state.flush()

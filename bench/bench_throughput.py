@@ -21,6 +21,7 @@ two rounds (baseline first) and the fastest of each is compared; all are reporte
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from pathlib import Path
@@ -179,6 +180,22 @@ class _Tally:
             self.done.set()
 
 
+def peak_processes(runs_dir: Path) -> int:
+    """Most agent processes alive at once, from each run's ``agent.json`` ``startedAt`` to
+    its ``exit.json`` ``endedAt`` (both written by the shim). Events overstate it: a slot is
+    free from the agent's exit, before its work is committed and ``agent.completed`` is
+    published (as ``tests/test_core_loop.py`` measures it)."""
+    spans = []
+    for run in runs_dir.iterdir():
+        try:
+            began = json.loads((run / "agent.json").read_text())["startedAt"]
+            ended = json.loads((run / "exit.json").read_text())["endedAt"]
+        except (OSError, ValueError, KeyError):
+            continue
+        spans.append((float(began), float(ended)))
+    return max((sum(1 for s, e in spans if s <= start < e) for start, _ in spans), default=0)
+
+
 def _gridd(tasks: int) -> dict[str, Any]:
     agents = {"trivial": {"command": TRIVIAL_AGENT}}
     tally = _Tally(tasks)
@@ -208,6 +225,7 @@ def _gridd(tasks: int) -> dict[str, Any]:
         children_cpu = sum(cpu1[2:4]) - sum(cpu0[2:4])
         machine_cpu = machine_busy() - busy0
         stats = api(http, "GET", "/state")["stats"]
+        peak = peak_processes(daemon.root / ".grid" / "runs")
     if tally.failed:
         raise RuntimeError(f"{len(tally.failed)} run(s) failed, first: {tally.failed[0]}")
     return {
@@ -215,7 +233,10 @@ def _gridd(tasks: int) -> dict[str, Any]:
         "completed": tally.completed,
         "seconds": elapsed,
         "first_spawn_s": None if tally.first_spawn is None else tally.first_spawn - started,
-        "peak_agents": tally.peak,
+        "peak_agents": peak,
+        # Spawned and not yet completed (committed) at once: more than maxAgents while
+        # finishes overlap new starts, by design.
+        "peak_unfinished": tally.peak,
         # The daemon's own CPU (user + system) over the run; shims and git are not in it.
         "daemon_cpu_s": round(daemon_cpu, 2),
         # Processes the daemon waited for: git, and the launchers that fork the shims.

@@ -1,7 +1,7 @@
 """Waves: 20 tasks of a 0.3 s agent on 4 slots, through ``POST /tasks`` and through beads.
 
 The agent writes one file in its worktree and sleeps 0.3 s, so the floor is 5 waves x 0.3 s
-= 1.5 s plus one ``git worktree add`` and one commit per task. Three runs, each in a fresh
+= 1.5 s plus one ``git worktree add`` and one commit per task. Four runs, each in a fresh
 repository with a session already started (``maxAgents`` 4):
 
 - **baseline**: a plain asyncio script with a semaphore of 4 doing the same git work and
@@ -10,6 +10,8 @@ repository with a session already started (``maxAgents`` 4):
 - **gridd, POST /tasks**: the clock starts when the 20 tasks are posted in one request and
   stops when a raw SSE reader has seen the 20th ``agent.completed`` (work committed, task in
   review);
+- **gridd, POST /tasks, nothing prepared**: the same with ``[scheduler] prepare_ahead = 0``
+  (every ``git worktree add`` on the critical path), to show what preparing worktrees saves;
 - **gridd, beads**: the same, but the 20 beads land in bd's data in one atomic write (the
   strict ``bd`` stand-in, ``python -I -S tests/fakes/bd``, watch on, poll off); each task is
   claimed in bd before its agent starts, and review is written back.
@@ -35,7 +37,7 @@ from bench.bench_spawn import (
     stop_session,
     write_config,
 )
-from bench.bench_throughput import _git, _Tally
+from bench.bench_throughput import _git, _Tally, peak_processes
 from bench.common import Check, RawHTTP, make_repo, remove_repo, result, running_gridd
 
 NAME = "waves"
@@ -92,11 +94,17 @@ async def _baseline(tasks: int) -> float:
         remove_repo(root)
 
 
-def _gridd(tasks: int, *, through_beads: bool) -> dict[str, Any]:
+def _gridd(tasks: int, *, through_beads: bool, prepare_ahead: int | None = None) -> dict[str, Any]:
     root = beads_repo() if through_beads else make_repo()
     tally = _Tally(tasks)
     try:
-        write_config(root, agents={"sleepy": {"command": AGENT}}, default_agent="sleepy")
+        scheduler = {} if prepare_ahead is None else {"prepare_ahead": prepare_ahead}
+        write_config(
+            root,
+            agents={"sleepy": {"command": AGENT}},
+            default_agent="sleepy",
+            scheduler=scheduler,
+        )
         if through_beads:
             config = root / ".grid" / "config.toml"
             config.write_text(
@@ -122,7 +130,8 @@ def _gridd(tasks: int, *, through_beads: bool) -> dict[str, Any]:
                     raise RuntimeError(f"an agent failed: {tally.failed[0]}")
                 return {
                     "seconds": tally.last_completed - started,
-                    "peak_agents": tally.peak,
+                    "peak_agents": peak_processes(root / ".grid" / "runs"),
+                    "peak_unfinished": tally.peak,
                     "start_failures": len(tally.start_failures),
                 }
             finally:
@@ -136,6 +145,8 @@ def run(quick: bool) -> dict[str, Any]:
     base = asyncio.run(_baseline(TASKS))
     via_api = _gridd(TASKS, through_beads=False)
     via_beads = _gridd(TASKS, through_beads=True)
+    # The same as via_api with no worktree prepared ahead: what preparing them saves.
+    unprepared = _gridd(TASKS, through_beads=False, prepare_ahead=0)
     api_s, beads_s = via_api["seconds"], via_beads["seconds"]
     return result(
         name=NAME,
@@ -163,10 +174,16 @@ def run(quick: bool) -> dict[str, Any]:
         },
         ratio=api_s / base,
         ratio_label="gridd (POST /tasks) / baseline",
-        figures={"api": via_api, "beads": via_beads, "floor_s": TASKS / SLOTS * AGENT_SECONDS},
+        figures={
+            "api": via_api,
+            "beads": via_beads,
+            "api_unprepared": unprepared,
+            "floor_s": TASKS / SLOTS * AGENT_SECONDS,
+        },
         quick=quick,
         summary=f"POST /tasks {api_s:.2f} s, beads {beads_s:.2f} s, plain script {base:.2f} s"
-        f" (floor {TASKS / SLOTS * AGENT_SECONDS:.1f} s); peak agents {via_api['peak_agents']}"
+        f" (floor {TASKS / SLOTS * AGENT_SECONDS:.1f} s); POST /tasks with no worktree"
+        f" prepared ahead {unprepared['seconds']:.2f} s; peak agents {via_api['peak_agents']}"
         f"/{via_beads['peak_agents']}",
         notes="one run each (the figures are seconds, not rates); the session is started first",
     )

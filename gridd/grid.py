@@ -24,6 +24,7 @@ from gridd.finish import Finisher
 from gridd.git import radar
 from gridd.git.conflicts import ConflictPolicy
 from gridd.git.merge import MergeQueue, PauseSeam
+from gridd.git.prepared import PreparedWorktrees
 from gridd.git.radar import Radar
 from gridd.intents import Commands
 from gridd.metrics import DaemonMetrics
@@ -158,6 +159,14 @@ class Grid:
             root=workspace.root,
         )
         self.commands.merge_answers = self._merge_answer
+        self.prepared = PreparedWorktrees(
+            state=self.state,
+            worktrees=self.worktrees,
+            background=self.background,
+            ahead=settings.scheduler.prepare_ahead,
+            busy=lambda: self.pool.starting | self.pool.finishing,
+        )
+        self.pool.spawner.prepared = self.prepared
         self.radar = Radar(
             state=self.state,
             bus=self.bus,
@@ -201,6 +210,8 @@ class Grid:
             self.background.supervise("scheduler", self.scheduler.run, core=True)
         self.merges.start()
         self.radar.start()
+        if not self.settings.scheduler.step_mode:  # nothing reconciles by itself then
+            self.prepared.start()
 
     def _merge_answer(self, question: Question, response: str) -> None:
         self.background.spawn(
@@ -265,6 +276,7 @@ class Grid:
         if self._store_degraded and self.store.probe_write():
             self._store_degraded = False
             log.warning("state database takes writes again")
+            self.supervisor.retry_now()  # parts that crashed on the full disk need not wait
             self.supervisor.announce_safely("daemon.recovered", {"part": STORE_PART})
 
     async def _prune_loop(self) -> None:
@@ -287,6 +299,8 @@ class Grid:
         degraded = supervisor.degraded()
         core_down = bool(supervisor.core_down())
         warnings = list(self.warnings)
+        for agent_id, why in sorted(self.pool.watcher.paused.items()):
+            warnings.append(f"agent {agent_id}: watching paused ({why}); retrying")
         error = self.store.write_error
         if error is not None:  # read at request time: no wait for the next probe
             degraded = sorted([*degraded, STORE_PART])

@@ -229,7 +229,8 @@ class StopSession:
 Action = StopAgent | SetStatus | StartTask | StopSession
 
 
-def _start_order(task: Task) -> tuple[int, datetime, str]:
+def start_order(task: Task) -> tuple[int, datetime, str]:
+    """The order ready tasks start in: priority, then age, then id."""
     return (task.priority, task.created_at, task.id)
 
 
@@ -311,7 +312,7 @@ def plan(obs: Observed) -> list[Action]:
         until = obs.not_before.get(task.id)
         return until is not None and until > obs.now
 
-    for task in sorted(obs.tasks, key=_start_order):
+    for task in sorted(obs.tasks, key=start_order):
         if task.status == TaskStatus.WORKING and task.id not in busy and not backing_off(task):
             profile = profile_of(task)
             starts.append(StartTask(task.id, profile))
@@ -322,7 +323,7 @@ def plan(obs: Observed) -> list[Action]:
     if obs.session_started and not obs.stop_file:
         running = len(busy - obs.finishing)
         left = obs.budget_left
-        for task in sorted(obs.tasks, key=_start_order):
+        for task in sorted(obs.tasks, key=start_order):
             if running >= obs.max_agents:
                 break
             if statuses.get(task.id) != TaskStatus.READY or task.id in busy or backing_off(task):
@@ -368,4 +369,4 @@ _ACTIVE = frozenset(
 
 
 def ready_ids(tasks: Iterable[Task]) -> list[str]:
-    return [t.id for t in sorted(tasks, key=_start_order) if t.status == TaskStatus.READY]
+    return [t.id for t in sorted(tasks, key=start_order) if t.status == TaskStatus.READY]

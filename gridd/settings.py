@@ -150,6 +150,13 @@ class SchedulerSettings(_Section):
     auto_resume: bool = Field(
         default=True, description="Resume rate-limited tasks by themselves when the limit resets"
     )
+    prepare_ahead: int = Field(
+        default=4,
+        ge=0,
+        le=64,
+        description="Worktrees made ahead for the next tasks while slots are busy (at most"
+        " the session's maxAgents; 0: off)",
+    )
 
 
 class AgentProfile(_Section):

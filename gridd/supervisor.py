@@ -70,6 +70,8 @@ class Part:
     restarts: int = 0
     last_error: str | None = None
     crashes: list[float] = field(default_factory=list)
+    #: Set to cut a backoff short (``Supervisor.retry_now``).
+    poke: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class Supervisor:
@@ -101,6 +103,13 @@ class Supervisor:
     def core_down(self) -> list[str]:
         """The core parts that are not up: the daemon cannot do its job without them."""
         return sorted(n for n, p in self.parts.items() if p.core and p.state is not PartState.UP)
+
+    def retry_now(self) -> None:
+        """Cut every waiting backoff short: what they crashed on is known to be fixed
+        (the store takes writes again), so nothing waits out ``down_retry_seconds``."""
+        for part in self.parts.values():
+            if part.state is not PartState.UP:
+                part.poke.set()
 
     def stop(self) -> None:
         """Shutdown is under way: a part that ends now is not restarted."""
@@ -147,7 +156,11 @@ class Supervisor:
                 "retryInSeconds": round(verdict.delay, 3),
             },
         )
-        await asyncio.sleep(verdict.delay)
+        part.poke.clear()
+        try:
+            await asyncio.wait_for(part.poke.wait(), verdict.delay)
+        except TimeoutError:
+            pass
         part.restarts += 1
         part.state = PartState.UP
         self._tell("daemon.recovered", {"part": part.name, "restarts": part.restarts})

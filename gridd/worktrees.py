@@ -166,12 +166,52 @@ class Worktrees:
                     f"git worktree add failed: {res.err.strip() or res.out.strip()}",
                     details={"exitCode": res.code, "path": str(path)},
                 )
-            # The branch outlived what we knew of it (e.g. a quarantined database): reuse it.
+            # The branch outlived what we knew of it: a worktree prepared ahead by an earlier
+            # daemon (nothing of its own on it: it starts from ``base`` like a new one), or
+            # work kept from a quarantined database (reused as it is).
+            if await self._moved_if_pristine(path, branch, base):
+                return Worktree(task_id, path, branch, base)
         base = known_base or await self.base_of(branch)
         if not (path / ".git").exists():
             await git(self.root, "worktree", "prune")
             await git(self.root, "worktree", "add", "--", str(path), branch)
         return Worktree(task_id, path, branch, base)
+
+    async def _holds_nothing(self, path: Path, branch: str, base: str) -> bool:
+        """The branch has no commit ``base`` lacks, and its worktree (if any) is clean."""
+        ref = f"refs/heads/{branch}"
+        mb = await git(self.root, "merge-base", "--is-ancestor", ref, base, check=False)
+        if mb.code != 0:
+            return False
+        return not (path / ".git").exists() or not await self.is_dirty(path)
+
+    async def _moved_if_pristine(self, path: Path, branch: str, base: str) -> bool:
+        """Move a branch holding nothing of its own (and its worktree) to ``base``."""
+        if not await self._holds_nothing(path, branch, base):
+            return False
+        if (path / ".git").exists():
+            await git(path, "reset", "-q", "--hard", base)
+        else:
+            await git(self.root, "worktree", "prune")
+            await git(self.root, "branch", "-f", "--", branch, base)
+            await git(self.root, "worktree", "add", "--", str(path), branch)
+        return True
+
+    async def pristine(self, task_id: str, base_branch: str | None) -> Worktree | None:
+        """A task's worktree on disk with nothing of its own on it (no commit the base
+        branch lacks, nothing uncommitted), as a ``Worktree`` based at its branch's tip."""
+        path, branch = self.dir / task_id, task_branch(task_id)
+        if not (path / ".git").exists():
+            return None
+        tip = await git(
+            self.root, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False
+        )
+        if tip.code != 0:
+            return None
+        base = await (self.ensure_branch(base_branch) if base_branch else self.head_commit())
+        if not await self._holds_nothing(path, branch, base):
+            return None
+        return Worktree(task_id, path, branch, tip.out.strip())
 
     async def base_of(self, branch: str) -> str:
         """Where ``branch`` forked from HEAD: for a branch the task record has no base for

@@ -170,3 +170,24 @@ async def test_over_the_cap_a_stalled_subscriber_is_dropped_and_a_reading_one_la
     assert bus.subscriber_count == 0
     assert bus.budget.held == 0
     store.close()
+
+
+async def test_a_burst_is_handed_to_a_stream_in_sends_of_about_256_kib(tmp_path: Path) -> None:
+    """Each stream joins a batch into one buffer per send: a 20 MiB burst taken whole by
+    fifty streams was a gigabyte of copies. A batch stops growing past ~256 KiB."""
+    from gridd.api.sse import _sends
+    from gridd.events import BATCH_BYTES
+
+    store = Store.open(tmp_path / "gridd.db")
+    bus = EventBus(store, queue_size=10_000, queue_bytes=64 << 20, total_bytes=64 << 20)
+    sub = bus.subscribe()
+    for n in range(40):  # 2.5 MiB published without a pause
+        bus.publish("agent.output", {"chunk": "x" * CHUNK, "seq": n})
+    seen: list[int] = []
+    while batch := await sub.get_batch(timeout=0):
+        assert sum(e._nbytes for e in batch) <= BATCH_BYTES + CHUNK + 1024
+        seen += [e.id for e in batch]
+    assert seen == list(range(1, 41))
+    page = bus.replay(0, limit=100)
+    assert all(len(part) <= BATCH_BYTES + 2 * CHUNK for part in _sends(page))
+    store.close()

@@ -206,3 +206,36 @@ async def test_a_claim_that_fails_badly_leaves_the_task_ready_not_working(repo: 
         await grid.scheduler.step()  # backing off: no second claim at once
         assert claims == 1
         assert grid.state.tasks[task.id].status == TaskStatus.READY
+
+
+async def test_a_down_part_is_retried_at_once_when_the_store_takes_writes_again(
+    repo: Path,
+) -> None:
+    """A scheduler whose passes failed on a full disk is down for ``down_retry_seconds``;
+    once the store watch sees writes work again, it does not wait that out."""
+    from gridd.errors import StoreError
+
+    supervision = {**SUPERVISION, "down_retry_seconds": 300}
+    async with inprocess_daemon(
+        repo, {"scheduler": FAST_SCHEDULER, "supervisor": supervision}
+    ) as d:
+        grid = cast(Grid, d.grid)
+        real_pass = grid.scheduler.run_pass
+        full = True
+
+        def run_pass() -> Any:
+            if full:
+                error = StoreError("the disk holding the state database is full", code="disk_full")
+                grid.store.write_error = error
+                raise error
+            return real_pass()
+
+        grid.scheduler.run_pass = run_pass  # type: ignore[method-assign]
+        grid.scheduler.wake()
+        await _until(lambda: grid.supervisor.states()["scheduler"] == "down")
+        full = False
+        grid.store.write_error = StoreError("full", code="disk_full")  # as the disk left it
+        # The store watch (every second) probes, finds the disk writable, retries the parts.
+        await _until(lambda: grid.supervisor.states()["scheduler"] == "up", timeout=10)
+        assert grid.store.write_error is None
+        assert grid.health().status == "ok"

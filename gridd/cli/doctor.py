@@ -188,8 +188,14 @@ def check_daemon(ws: Workspace) -> tuple[Check, int | None]:
             return Check(
                 "daemon",
                 "warn",
-                f"pid {status.pid} answers but is"
-                f" {health.get('status')}: {'; '.join(health.get('warnings', []))}",
+                f"pid {status.pid} answers but is {health.get('status')}: "
+                + "; ".join(
+                    [
+                        f"{p} is {health.get('parts', {}).get(p, 'down')}"
+                        for p in health.get("degraded", [])
+                    ]
+                    + list(health.get("warnings", []))
+                ),
                 f"see {ws.log_path}",
             ), status.pid
     return Check("daemon", "ok", f"running: pid {status.pid}, gridd {status.version}"), status.pid

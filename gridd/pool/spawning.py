@@ -22,6 +22,7 @@ from gridd.agents.executor import Launch
 from gridd.agents.watch import RunWatch
 from gridd.errors import GriddError
 from gridd.faults import crash_point
+from gridd.git.prepared import PreparedWorktrees
 from gridd.lifecycle import move_agent, move_task
 from gridd.model import Agent, AgentStatus, Task, TaskStatus, utcnow
 from gridd.plan import RATE_LIMIT_RESET
@@ -70,6 +71,8 @@ class Spawner:
         self.watcher = watcher
         self.environ = dict(environ)
         self.claimers: dict[str, Claimer] = {}
+        #: Set by the composition root: worktrees made ahead (``git.prepared``), taken first.
+        self.prepared: PreparedWorktrees | None = None
 
     async def start(self, task_id: str, profile_name: str) -> None:
         """Spawn an agent for a task already marked ``working``. Failures retry later."""
@@ -97,7 +100,7 @@ class Spawner:
         adapter = get_adapter(profile.adapter, options=profile.adapter_options)
         session = self.ctx.state.session
         base_branch = session.feature_branch if session.started else None
-        making = self.worktrees.create(
+        making = (self.prepared or self.worktrees).create(
             task_id, base_branch, known_base=first.base_commit if first.branch else None
         )
         claimer = self.claimers.get(first.source)

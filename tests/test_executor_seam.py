@@ -105,7 +105,7 @@ async def test_another_executor_spawns_and_signals_every_agent_through_the_seam(
             assert grid.pool.executor is executor
             tasks = [
                 {"id": "quick", "title": "finishes"},
-                {"id": "stuck", "title": "stopped by a human", "agent": "hang"},
+                {"id": "stuck", "title": "stopped with the session", "agent": "hang"},
             ]
             grid.commands.create_tasks(
                 PlanSpec.model_validate(normalise_plan({"tasks": tasks})).tasks
@@ -115,7 +115,7 @@ async def test_another_executor_spawns_and_signals_every_agent_through_the_seam(
                 lambda: grid.state.tasks["quick"].status == TaskStatus.REVIEW, what="quick done"
             )
             await until(lambda: (tmp_path / "stuck.pids").exists(), what="the hang agent")
-            grid.commands.stop_task("stuck")
+            grid.commands.stop_session(force=False)  # SIGTERM, then SIGKILL after the grace
             await until(lambda: not grid.state.live_agents(), what="the hang agent stopped")
             agents = {a.task_id: a for a in grid.state.agents.values()}
             spawned = {name for kind, name in executor.calls if kind == "spawn"}

@@ -299,6 +299,8 @@ class Grid:
         degraded = supervisor.degraded()
         core_down = bool(supervisor.core_down())
         warnings = list(self.warnings)
+        for agent_id, why in sorted(self.pool.watcher.paused.items()):
+            warnings.append(f"agent {agent_id}: watching paused ({why}); retrying")
         error = self.store.write_error
         if error is not None:  # read at request time: no wait for the next probe
             degraded = sorted([*degraded, STORE_PART])

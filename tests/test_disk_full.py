@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gridd.model import TaskStatus
@@ -157,8 +158,9 @@ async def test_agent_watcher_survives_a_state_database_that_cannot_be_written(
     repo: Path, tmp_path: Path
 ) -> None:
     """While every write to the state database fails as on a full disk (injected at the
-    store, gridd's own seam), the agent's watcher waits instead of dying; once writes work
-    again the agent's task moves on, and its output is still in its run file."""
+    store, gridd's own seam), the agent's watcher waits instead of dying, and /health names
+    it; once writes work again the agent's task moves on, and its output is still in its
+    run file."""
     from typing import cast
 
     from gridd.errors import StoreError
@@ -190,7 +192,18 @@ async def test_agent_watcher_survives_a_state_database_that_cannot_be_written(
         try:
             (control / f"{task.id}.go").touch()
             await _until(lambda: (control / f"{task.id}.done").exists(), timeout=30)
-            await asyncio.sleep(1.0)  # the watcher meets the failing store meanwhile
+            # The watcher meets the failing store: it waits, and /health says so.
+            transport = httpx.AsyncHTTPTransport(uds=str(d.sock))
+            async with httpx.AsyncClient(transport=transport, base_url="http://gridd") as http:
+                deadline = time.monotonic() + 30
+                while True:
+                    health = (await http.get("/health")).json()
+                    if any("watching paused" in w for w in health["warnings"]):
+                        break
+                    assert time.monotonic() < deadline, f"never reported: {health}"
+                    await asyncio.sleep(0.05)
+                assert health["status"] == "degraded"
+                assert any("full" in w for w in health["warnings"])
             full = False
         finally:
             Store.append_event = real_append  # type: ignore[method-assign]

@@ -62,6 +62,8 @@ class Watcher:
         self._sweeping = False
         self.on_exit: OnExit | None = None
         self.pacer = OutputPacer(held=lambda: ctx.bus.budget.held)
+        #: Agent id -> why watching it is paused (retried with backoff; /health shows it).
+        self.paused: dict[str, str] = {}
 
     def spawn(self, agent_id: str) -> None:
         """Start watching an agent (a background task named ``agent:<id>``)."""
@@ -83,16 +85,27 @@ class Watcher:
     async def watch(self, agent_id: str) -> None:
         """Watch one agent until it has exited and been finished. A state database that
         cannot be written (a full or read-only disk) pauses the watching, never ends it:
-        the agent's output stays in its run files and the watch resumes once writes work."""
+        the agent's output stays in its run files and the watch resumes once writes work.
+        Any other failure (a bug) is retried the same way: an agent is never left unwatched.
+        While paused, the agent is named in ``paused`` (a ``/health`` warning)."""
         pause = STORE_RETRY_SECONDS
-        while True:
-            try:
-                await self._watch_once(agent_id)
-                return
-            except StoreError as exc:
-                log.error("agent %s: %s; watching again in %.0fs", agent_id, exc.message, pause)
+        try:
+            while agent_id in self.ctx.roster.handles:
+                try:
+                    await self._watch_once(agent_id)
+                    return
+                except StoreError as exc:
+                    why = exc.message
+                    log.error("agent %s: %s; watching again in %.0fs", agent_id, why, pause)
+                except Exception as exc:
+                    why = f"{type(exc).__name__}: {exc}"
+                    log.exception("agent %s: watching failed; again in %.0fs", agent_id, pause)
+                self.paused[agent_id] = why
                 await asyncio.sleep(pause)
+                self.paused.pop(agent_id, None)
                 pause = min(pause * 2, STORE_RETRY_MAX_SECONDS)
+        finally:
+            self.paused.pop(agent_id, None)
 
     async def _watch_once(self, agent_id: str) -> None:
         handle, run = self.ctx.roster.handles[agent_id], self.ctx.roster.runs[agent_id]

@@ -167,6 +167,8 @@ class Grid:
             root=workspace.root,
         )
         self.commands.merge_answers = self._merge_answer
+        # Beads become tasks through the same commands (and checks) as POST /tasks.
+        self.beads.create = lambda fields: self.commands.create_from_source(fields, source=BEADS)
         self.prepared = PreparedWorktrees(
             state=self.state,
             worktrees=self.worktrees,

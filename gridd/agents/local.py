@@ -1,7 +1,7 @@
 """The local shim executor: agents run on this machine, each under a detached shim.
 
 The only ``Executor`` (``agents/executor.py``) today. A spawn hands the run to a shim
-(``agents/shim.py``), started ahead of need by ``ShimStarter`` (``agents/process.py``);
+(``agents/shim.py``), started ahead of need by ``ShimStarter`` (``agents/starter.py``);
 the shim outlives the daemon, so a restarted daemon reattaches to its agents from what the
 run directory and the state database say. A run recorded but not yet started when a
 daemon died is fenced through the shim's ``claim`` file: whoever creates it first, the shim

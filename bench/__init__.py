@@ -38,6 +38,7 @@ BENCHMARKS: list[str] = [
     "questions",
     "metrics",
     "merge",
+    "flood",
     "claude_finish",
 ]
 

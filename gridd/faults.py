@@ -6,7 +6,8 @@ Tests use it to prove that what was recorded before the step is carried out afte
 restart. The list is empty by default and nothing else reads it.
 
 Points: ``intent.recorded`` (a stop, kill, cancel or approval is persisted, not yet acted
-on).
+on); ``spawn.recorded`` (an agent is recorded, its process not yet started);
+``spawn.started`` (its process runs, its pid not yet recorded).
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from gridd.errors import Conflict, NotFound, ValidationFailed
 from gridd.faults import crash_point
 from gridd.git import feature
@@ -86,7 +88,27 @@ class Commands:
 
     # -- tasks -----------------------------------------------------------------------------------
 
-    def create_tasks(self, specs: list[TaskSpec]) -> list[Task]:
+    def create_from_source(self, fields: dict[str, Any], *, source: str) -> Task:
+        """One task from an external source (beads), checked and created exactly as
+        ``POST /tasks`` creates one: the same ``TaskSpec`` validation (ids, text that reaches
+        git), the same defaults (``maxAttempts``, ``maxSessions``), the same graph checks.
+        Raises ``ValidationFailed`` (or ``Conflict``) saying what is wrong."""
+        try:
+            spec = TaskSpec.model_validate(fields)
+        except ValidationError as exc:
+            problems = [
+                {"field": ".".join(str(p) for p in e["loc"]), "problem": e["msg"]}
+                for e in exc.errors()
+            ]
+            first = problems[0]
+            raise ValidationFailed(
+                f"invalid task from {source}: {first['field']}: {first['problem']}",
+                code="invalid_task",
+                details={"problems": problems},
+            ) from None
+        return self.create_tasks([spec], source=source)[0]
+
+    def create_tasks(self, specs: list[TaskSpec], *, source: str = "native") -> list[Task]:
         """Create tasks atomically: any problem in the batch and nothing is applied."""
         profiles = self.pool.profiles
         now = utcnow()
@@ -111,6 +133,7 @@ class Commands:
                     max_sessions=spec.max_sessions or self.settings.scheduler.max_sessions,
                     timeout_seconds=spec.timeout_seconds,
                     files=spec.files,
+                    source=source,
                     created_at=now,
                     updated_at=now,
                 )

@@ -30,7 +30,7 @@ async def recover(
     started = time.monotonic()
     live = state.live_agents()
     for agent in live:
-        pool.reattach(agent)
+        await pool.reattach(agent)
     await _reconcile_worktrees(state=state, worktrees=worktrees, bus=bus)
     log.info("recovered %d agent(s) in %.3fs", len(live), time.monotonic() - started)
 

@@ -31,7 +31,7 @@ class DaemonSettings(_Section):
     shutdown_timeout_seconds: float = Field(
         default=3.0, gt=0, le=60, description="Grace for open connections at shutdown"
     )
-    crash_points: list[Literal["intent.recorded"]] = Field(
+    crash_points: list[Literal["intent.recorded", "spawn.recorded", "spawn.started"]] = Field(
         default_factory=list,
         description="Testing only: kill the daemon (SIGKILL) when it reaches these steps",
     )

@@ -11,6 +11,11 @@ scheduler or the pool.
 A handle names the agent by (pid, create time) and its supervisor likewise; the run
 directory holds what the agent writes (output, heartbeats, ``exit.json``), which is what the
 pool watches whatever runs the agent.
+
+Spawning is idempotent across daemon restarts: the pool records the agent (the intent)
+before ``spawn``. After a restart, an agent recorded without a pid is found running
+(``reattach``), or fenced so that no late supervisor can start it any more (``fence`` is
+True: the pool starts the task afresh), never both (``pool/reattaching.py`` decides).
 """
 
 from __future__ import annotations
@@ -90,3 +95,8 @@ class Executor(Protocol):
         """The handle of an agent started by an earlier daemon. When the record has no pid
         (that daemon died while spawning), the handle is the run's, if it started; its
         ``pid`` stays None when it did not (yet)."""
+
+    def fence(self, run_dir: Path) -> bool:
+        """Make sure a run that has not started never will: True when it is fenced (the
+        pool may start the task afresh, in a new run), False when its supervisor already
+        took it (it runs, or is about to: reattach it once it says so)."""

@@ -3,16 +3,23 @@
 The only ``Executor`` (``agents/executor.py``) today. A spawn hands the run to a shim
 (``agents/shim.py``), started ahead of need by ``ShimStarter`` (``agents/process.py``);
 the shim outlives the daemon, so a restarted daemon reattaches to its agents from what the
-run directory and the state database say.
+run directory and the state database say. A run recorded but not yet started when a
+daemon died is fenced through the shim's ``claim`` file: whoever creates it first, the shim
+or the restarted daemon, owns the run.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from gridd.agents.executor import AgentHandle, Launch
 from gridd.agents.process import AgentProcess, ShimStarter
+from gridd.agents.shim import CLAIM
 from gridd.model import Agent
+
+#: How a claim taken by a daemon (not by a shim) starts.
+FENCED = "fenced"
 
 
 class LocalExecutor:
@@ -49,3 +56,18 @@ class LocalExecutor:
             shim_pid=agent.shim_pid,
             shim_create_time=agent.shim_create_time,
         )
+
+    def fence(self, run_dir: Path) -> bool:
+        """Take the run's ``claim`` before any shim does (then none will start it), or find
+        that its shim took it first."""
+        path = run_dir / CLAIM
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return path.read_text(errors="replace").startswith(FENCED)
+        try:
+            os.write(fd, f"{FENCED} by daemon {os.getpid()}\n".encode())
+        finally:
+            os.close(fd)
+        return True

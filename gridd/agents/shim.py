@@ -2,7 +2,8 @@
 
     python -I -S shim.py RUN_DIR [--detach]
 
-It reads ``RUN_DIR/spec.marshal`` (argv, cwd, env, stdin mode), starts the agent in its own
+It first claims the run (``RUN_DIR/claim``, created exclusively: a restarted daemon may have
+fenced it, and then it starts nothing), reads ``RUN_DIR/spec.marshal`` (argv, cwd, env, stdin mode), starts the agent in its own
 session with stdout and stderr appended to ``RUN_DIR/output.log`` (a file: the agent can
 never block on a full pipe, and nothing is lost while the daemon is away), stdin from the
 FIFO ``RUN_DIR/stdin`` (held open read-write here, so the agent never sees a spurious EOF),
@@ -25,6 +26,9 @@ import sys
 import time
 
 STDIN_PIPE_BYTES = 1024 * 1024
+#: Created exclusively by whoever takes the run first: this shim (it starts the agent) or a
+#: restarted daemon fencing a spawn that never started (``LocalExecutor.fence``).
+CLAIM = "claim"
 
 
 def _json_str(text: str) -> str:
@@ -154,7 +158,23 @@ def _release() -> None:
             pass
 
 
+def _claim(run_dir: str) -> bool:
+    """Take the run (``claim``, created exclusively), or learn that a restarted daemon fenced
+    it first: it found the run not started, and starts the task afresh in a new run."""
+    try:
+        fd = os.open(os.path.join(run_dir, CLAIM), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, f"shim {os.getpid()}\n".encode())
+    finally:
+        os.close(fd)
+    return True
+
+
 def _run(run_dir: str) -> int:
+    if not _claim(run_dir):
+        return 0
     with open(os.path.join(run_dir, "spec.marshal"), "rb") as fh:
         spec = marshal.load(fh)
     out = os.open(

@@ -109,8 +109,8 @@ class AgentPool:
         """Spawn an agent for a task already marked ``working``. Failures retry later."""
         await self.spawner.start(task_id, profile_name)
 
-    def reattach(self, agent: Agent) -> None:
-        self.reattacher.reattach(agent)
+    async def reattach(self, agent: Agent) -> None:
+        await self.reattacher.reattach(agent)
 
     def request_stop(self, agent_id: str, reason: str, *, force: bool = False) -> None:
         self.stopper.request_stop(agent_id, reason, force=force)

@@ -1,23 +1,37 @@
 """Reattaching after a restart: agents an earlier daemon started are watched again.
 
 Their supervisors outlived that daemon, so the executor finds each one again from its record
-(``Executor.reattach``); an agent recorded without a pid (that daemon died while spawning
-it) is adopted from what its supervisor wrote. The output index is lined up with what was
+(``Executor.reattach``). An agent recorded without a pid (that daemon died while spawning
+it: the agent was recorded first, as the intent) is the reattach-or-respawn decision:
+adopted from what its supervisor wrote if it runs or ran; if not, its run is fenced
+(``Executor.fence``) so that no late supervisor can start it, and its task starts afresh;
+if the supervisor took the run first, we wait for it to say the agent runs. So a task never
+runs twice at once in its worktree, whenever the daemon died. The output index is lined up with what was
 published, so no chunk is published twice or under two numbers.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from pathlib import Path
 
 from gridd.adapters.registry import get_adapter
+from gridd.agents.executor import AgentHandle
 from gridd.agents.watch import RunWatch
 from gridd.errors import GriddError
 from gridd.lifecycle import move_agent
-from gridd.model import Agent, AgentStatus, utcnow
+from gridd.model import Agent, AgentStatus, TaskStatus, utcnow
 from gridd.pool.context import PoolContext
 from gridd.pool.watching import Watcher
+
+log = logging.getLogger(__name__)
+
+#: A supervisor that took a run says within this long that the agent runs (``agent.json``)
+#: or could not start (``exit.json``): the spawn timeout.
+SETTLE_SECONDS = 10.0
+SETTLE_POLL_SECONDS = 0.02
 
 
 class Reattacher:
@@ -25,9 +39,16 @@ class Reattacher:
         self.ctx = ctx
         self.watcher = watcher
 
-    def reattach(self, agent: Agent) -> None:
-        """Resume watching an agent started by an earlier daemon (its shim outlived us)."""
+    async def reattach(self, agent: Agent) -> None:
+        """Resume watching an agent started by an earlier daemon (its shim outlived us), or,
+        if that daemon died before the agent started, start its task afresh (never both)."""
         handle = self.ctx.executor.reattach(agent)
+        if agent.pid is None and handle.pid is None and handle.exit_status() is None:
+            # Recorded, not known to run: fence the run, or learn that its supervisor has it.
+            if self.ctx.executor.fence(Path(agent.run_dir)):
+                self._respawn(agent)
+                return
+            handle = await self._settled(agent, handle)
         if agent.pid is None and handle.pid is not None:
             # That daemon died while spawning it, after its supervisor started it.
             agent = move_agent(
@@ -66,6 +87,35 @@ class Reattacher:
             },
         )
         self.watcher.spawn(agent.id)
+
+    async def _settled(self, agent: Agent, handle: AgentHandle) -> AgentHandle:
+        """Its supervisor took the run: wait until it says the agent runs (or could not
+        start), then watch it as any other. Gone without a word, it is an orphaned run."""
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while handle.pid is None and handle.exit_status() is None:
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(SETTLE_POLL_SECONDS)
+            handle = self.ctx.executor.reattach(agent)
+        return handle
+
+    def _respawn(self, agent: Agent) -> None:
+        """The spawn never started: the agent is settled, and its task, still ``working``,
+        gets a new agent from the next pass. The attempt it never ran is not counted."""
+        state = self.ctx.state
+        reason = "spawn interrupted by a daemon restart; the agent never started"
+        move_agent(state, agent.id, AgentStatus.EXITED, reason=reason, ended_at=utcnow())
+        task = state.tasks.get(agent.task_id)
+        if task is not None and task.status == TaskStatus.WORKING:
+            sessions = agent.session_number - 1
+            # A first session counted a new attempt; a continued one did not.
+            attempts = agent.attempt if sessions > 0 else agent.attempt - 1
+            state.update_task(task.id, attempts=max(0, attempts), sessions=max(0, sessions))
+        log.warning("agent %s: %s; its task starts again", agent.id, reason)
+        self.ctx.bus.publish(
+            "agent.spawn_interrupted",
+            {"agentId": agent.id, "taskId": agent.task_id, "action": "respawn"},
+        )
 
     def _resume_output(self, agent: Agent, run: RunWatch) -> None:
         """Line the output index up with what was published (``agent.output_seq``)."""

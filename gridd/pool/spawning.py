@@ -21,6 +21,7 @@ from gridd.adapters.registry import get_adapter
 from gridd.agents.executor import Launch
 from gridd.agents.watch import RunWatch
 from gridd.errors import GriddError
+from gridd.faults import crash_point
 from gridd.git.prepared import PreparedWorktrees
 from gridd.lifecycle import move_agent, move_task
 from gridd.model import Agent, AgentStatus, Task, TaskStatus, utcnow
@@ -31,6 +32,25 @@ from gridd.pool.watching import Watcher
 from gridd.worktrees import Worktrees
 
 log = logging.getLogger(__name__)
+
+
+class SpawnFailed(GriddError):
+    """The executor could not start a recorded agent (the agent is settled as exited)."""
+
+    code = "spawn_failed"
+
+    def __init__(
+        self, message: str, *, agent_id: str, counted: bool, details: dict[str, object]
+    ) -> None:
+        super().__init__(message, details=details)
+        self.agent_id = agent_id
+        self.counted = counted
+
+
+def describe(exc: OSError) -> str:
+    """An OSError as a person reads it: its type and its message (with the path)."""
+    return f"{type(exc).__name__}: {exc}"
+
 
 #: Called before the first agent of a task from an external source starts; False means
 #: someone else owns the task (e.g. a lost beads claim).
@@ -59,10 +79,12 @@ class Spawner:
         self.ctx.roster.starting.add(task_id)
         try:
             await self._start(task_id, profile_name)
+        except SpawnFailed as exc:
+            self._start_failed(task_id, exc.message, agent_id=exc.agent_id, counted=exc.counted)
         except GriddError as exc:
             self._start_failed(task_id, exc.message)
         except OSError as exc:
-            self._start_failed(task_id, f"{type(exc).__name__}: {exc}")
+            self._start_failed(task_id, describe(exc))
         except Exception as exc:  # a bug still fails the attempt: never left `working`
             log.exception("starting task %s failed unexpectedly", task_id)
             self._start_failed(task_id, f"{type(exc).__name__}: {exc}")
@@ -173,24 +195,31 @@ class Spawner:
             adapter=profile.adapter,
             session_number=session_number,
         )
-        self.ctx.state.put_agent(agent)
+        self.ctx.state.put_agent(agent)  # the intent: found by a restart if we die now
+        crash_point(self.ctx.settings, "spawn.recorded")
         try:
             handle = await self.ctx.executor.spawn(
                 Launch(run_dir=run_dir, argv=argv, cwd=worktree.path, env=env, stdin=profile.stdin)
             )
-        except GriddError as exc:
+        except (GriddError, OSError) as exc:
+            message = exc.message if isinstance(exc, GriddError) else describe(exc)
             move_agent(
                 self.ctx.state,
                 agent_id,
                 AgentStatus.EXITED,
                 reason="spawn failed",
                 ended_at=utcnow(),
-                error=exc.message,
+                error=message,
             )
-            raise
-        opening = adapter.initial_input(prompt)
-        if opening and profile.stdin == "pipe" and handle.exit_status() is None:
-            handle.write_stdin(opening)
+            # The attempt was counted above: undo the session, so a retry starts it afresh.
+            self.ctx.state.update_task(task_id, sessions=session_number - 1)
+            raise SpawnFailed(
+                f"could not start the agent: {message}",
+                agent_id=agent_id,
+                counted=not continuing,
+                details={"agentId": agent_id, "runDir": str(run_dir)},
+            ) from exc
+        crash_point(self.ctx.settings, "spawn.started")
         self.ctx.roster.handles[agent_id] = handle
         self.ctx.roster.runs[agent_id] = RunWatch(run_dir, adapter)
         self.ctx.roster.started_mono[agent_id] = time.monotonic()
@@ -218,14 +247,32 @@ class Spawner:
         )
         self.ctx.state.touch()
         self.watcher.spawn(agent_id)
+        opening = adapter.initial_input(prompt)
+        if opening and profile.stdin == "pipe" and handle.exit_status() is None:
+            try:
+                handle.write_stdin(opening)
+            except (GriddError, OSError) as exc:
+                # It runs, and is watched: it cannot be told its task, so it is stopped.
+                message = exc.message if isinstance(exc, GriddError) else describe(exc)
+                reason = f"could not send the agent its prompt: {message}"
+                self.ctx.bus.publish("agent.warning", {"agentId": agent_id, "warning": reason})
+                self.watcher.stopper.request_stop(agent_id, reason, force=True)
 
-    def _start_failed(self, task_id: str, message: str) -> None:
+    def _start_failed(
+        self, task_id: str, message: str, *, agent_id: str | None = None, counted: bool = False
+    ) -> None:
+        """The attempt failed before its agent ran: say why (``task.start_failed``, the
+        task's ``error``), and retry after a backoff, or fail the task once its attempts are
+        used up. ``counted``: the attempt was already added to the task's count."""
         task = self.ctx.state.tasks.get(task_id)
         if task is None:
             return
         log.warning("could not start task %s: %s", task_id, message)
-        attempts = task.attempts + 1
-        self.ctx.bus.publish("task.start_failed", {"taskId": task_id, "error": message})
+        attempts = task.attempts if counted else task.attempts + 1
+        event: dict[str, object] = {"taskId": task_id, "error": message, "attempt": attempts}
+        if agent_id is not None:
+            event["agentId"] = agent_id
+        self.ctx.bus.publish("task.start_failed", event)
         if task.status != TaskStatus.WORKING:
             return
         if attempts >= task.max_attempts:

@@ -23,6 +23,7 @@ from gridd.errors import StoreError
 from gridd.liveness import LAUNCH_HINT, Verdict, assess, next_change
 from gridd.model import AgentStatus
 from gridd.pool.context import PoolContext
+from gridd.pool.pacing import OutputPacer
 from gridd.pool.reading import RunReader
 from gridd.pool.stopping import Stopper
 from gridd.pool.talking import Conversation
@@ -60,6 +61,7 @@ class Watcher:
         self.wakeups = wakeups
         self._sweeping = False
         self.on_exit: OnExit | None = None
+        self.pacer = OutputPacer(held=lambda: ctx.bus.budget.held)
         #: Agent id -> why watching it is paused (retried with backoff; /health shows it).
         self.paused: dict[str, str] = {}
 
@@ -124,6 +126,9 @@ class Watcher:
             status = handle.exit_status()
             polled = run.poll(final=status is not None)
             self.reader.apply(agent_id, run, polled)
+            if polled.chunks:
+                self.pacer.published(sum(len(c.text) for c in polled.chunks))
+                await self.pacer.settle()  # readers of the stream catch up first
             now = time.monotonic()
             # Asking the OS whether the shim lives costs far more than reading two files:
             # exit.json is the normal way out and a pidfd reports the shim's death, so this
@@ -140,6 +145,9 @@ class Watcher:
                     if not rest.chunks and not rest.beats:
                         break
                     self.reader.apply(agent_id, run, rest)
+                    self.pacer.published(sum(len(c.text) for c in rest.chunks))
+                    await self.pacer.settle()
+                self.pacer.rest()
                 if self.on_exit is not None:
                     await self.on_exit(agent_id, status, run)
                 return
@@ -147,6 +155,7 @@ class Watcher:
             if len(polled.chunks) >= MAX_CHUNKS_PER_LOOK:
                 await asyncio.sleep(0)  # more may be waiting: let others run, then go on
                 continue
+            self.pacer.rest()
             await wake.wait(self._sleep_for(agent_id, run, wake))
 
     def _sleep_for(self, agent_id: str, run: RunWatch, wake: Wakeup) -> float | None:

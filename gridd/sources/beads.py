@@ -16,12 +16,13 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 from gridd.background import Background
+from gridd.errors import GriddError
 from gridd.events import EventBus
-from gridd.ids import task_id_problem
 from gridd.model import Task, TaskStatus, utcnow
 from gridd.settings import BeadsSettings
 from gridd.sources.bd import BdError, BdResult, run_bd
@@ -36,6 +37,8 @@ log = logging.getLogger(__name__)
 SOURCE = "beads"
 #: The shortest pause between two ``bd ready`` runs.
 SYNC_GAP_SECONDS = 0.2
+#: Refused beads remembered (so each is reported once) before the memory starts over.
+REFUSED_LIMIT = 10_000
 __all__ = ["SOURCE", "BdError", "BdResult", "BeadsSource", "bead_task_fields", "parse_ready"]
 
 
@@ -107,6 +110,15 @@ class BeadsSource:
         self._shown: dict[str, str] = {}
         #: Beads whose claim gridd holds (a cancelled task gives its bead back).
         self._claimed: set[str] = set()
+        #: Bead id -> why it was refused (reported once until the reason changes).
+        self._refused: dict[str, str] = {}
+        #: Creates a task from a bead's fields through the same commands as ``POST /tasks``
+        #: (``Commands.create_from_source``; set by the composition root).
+        self.create: Callable[[dict[str, Any]], Task] = self._unwired
+
+    @staticmethod
+    def _unwired(fields: dict[str, Any]) -> Task:
+        raise GriddError("the beads source is not wired to the commands", code="not_wired")
 
     def enabled(self) -> bool:
         if self.settings.enabled is not None:
@@ -160,32 +172,41 @@ class BeadsSource:
         beads, warnings = parse_ready(res.out)
         for warning in warnings:
             self.bus.publish("beads.warning", {"warning": warning})
-        new: list[Task] = []
+        added = 0
         for bead in beads:
             bead_id = bead["id"]
-            problem = task_id_problem(bead_id)
-            if problem is not None:
-                self.bus.publish(
-                    "beads.warning", {"warning": f"bead id {bead_id[:80]!r} unusable: {problem}"}
-                )
-                continue
             if bead_id in self.state.tasks:
                 continue
-            new.append(
-                Task(
-                    id=bead_id,
-                    status=TaskStatus.READY,
-                    source=SOURCE,
-                    agent=self.default_agent,
-                    **bead_task_fields(bead),
-                )
-            )
-        if new:
-            self.state.add_tasks(new)
-            self.state.flush()
+            fields = {"id": bead_id, "agent": self.default_agent, **bead_task_fields(bead)}
+            try:
+                self.create(fields)
+            except GriddError as exc:
+                self._refuse(bead_id, exc)
+                continue
+            self._refused.pop(bead_id, None)
+            added += 1
         self.last_sync = time.monotonic()
         self.last_sync_at = utcnow()
-        return len(new)
+        return added
+
+    def _refuse(self, bead_id: str, exc: GriddError) -> None:
+        """A bead gridd will not take as it is: said once (until what is wrong changes)."""
+        if self._refused.get(bead_id) == exc.message:
+            return
+        if len(self._refused) > REFUSED_LIMIT:
+            self._refused.clear()
+        self._refused[bead_id] = exc.message
+        self.bus.publish(
+            "beads.error",
+            {
+                "beadId": bead_id[:200],
+                "error": exc.message,
+                "code": exc.code,
+                "details": exc.details,
+                "permanent": True,
+                "retryInSeconds": None,
+            },
+        )
 
     def poke(self) -> None:
         self._poke.set()

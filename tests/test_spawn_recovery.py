@@ -1,0 +1,190 @@
+"""Spawning is idempotent across restarts, and a spawn that fails fails only its attempt.
+
+A daemon killed (SIGKILL, at the ``spawn.recorded`` and ``spawn.started`` crash points)
+while a spawn is in flight never runs the task twice at once in its worktree after a
+restart: the agent recorded before the spawn is reattached if it runs, or its run is
+fenced and the task started afresh. Process lifetimes come from the shim's own records
+(``agent.json``'s ``startedAt``, ``exit.json``'s ``endedAt``), not from events.
+The fence itself is shown on a real shim: a run fenced first is never started by a late
+shim, and a run its shim claimed first is not fenced.
+
+An ``OSError`` from the executor (here: the runs directory replaced by a file, so no run
+directory can be made) settles the agent as exited, fails the attempt with its reason and
+counts it toward ``maxAttempts``; the session goes on with the next task.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import marshal
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gridd.agents.local import LocalExecutor
+from gridd.agents.starter import SHIM_PATH
+from gridd.errors import DaemonUnreachable
+from tests.helpers import (
+    agent_command,
+    event_log,
+    read_json_file,
+    restartable_daemon,
+    running_daemon,
+    wait_for,
+    wait_task_status,
+    write_core_config,
+)
+
+
+def _config(repo: Path, *, crash: str | None, stop_when_idle: bool = True) -> None:
+    write_core_config(
+        repo,
+        agents={"work": {"command": agent_command("trivial.py", "2.0")}},
+        scheduler={"default_agent": "work", "stop_when_idle": stop_when_idle},
+    )
+    if crash is not None:
+        with (repo / ".grid" / "config.toml").open("a") as fh:
+            fh.write(f'\n[daemon]\ncrash_points = ["{crash}"]\n')
+
+
+def _lifetimes(agents: list[dict[str, object]]) -> list[tuple[float, float]]:
+    """(started, ended) of every agent process that ran, from its shim's records."""
+    spans = []
+    for agent in agents:
+        run_dir = Path(str(agent["runDir"]))
+        started = read_json_file(run_dir / "agent.json")
+        if started is None:
+            continue  # this run never started a process
+        ended = wait_for(lambda d=run_dir: read_json_file(d / "exit.json"), timeout=30)
+        spans.append((float(started["startedAt"]), float(ended["endedAt"])))
+    return sorted(spans)
+
+
+@pytest.mark.parametrize("point", ["spawn.recorded", "spawn.started"])
+def test_a_daemon_killed_mid_spawn_runs_the_task_once_at_a_time_after_restart(
+    repo: Path, point: str
+) -> None:
+    _config(repo, crash=point)
+    with restartable_daemon(repo) as grid:
+        c = grid.client()
+        c.post("/tasks", {"id": "once", "title": "runs once at a time", "maxAttempts": 1})
+        with contextlib.suppress(DaemonUnreachable, httpx.TransportError):
+            c.post("/session/start", {"maxAgents": 1})
+        assert grid.daemon is not None
+        assert grid.daemon.proc.wait(30) is not None, f"the daemon did not die at {point}"
+        _config(repo, crash=None)
+        grid.start()
+        task = wait_task_status(c, "once", "review", timeout=60)
+        agents = [a for a in c.get("/agents", params={"all": "1"}) if a["taskId"] == "once"]
+        spans = _lifetimes(agents)
+        assert len(spans) == 1, f"the task's agent ran {len(spans)} times: {spans}"
+        # One attempt in all: an interrupted spawn that never ran is not counted (with
+        # maxAttempts 1, counting it would have failed the task).
+        assert task["attempts"] == 1
+        assert not [e for e in event_log(c) if e.type == "agent.failed"]
+        interrupted = [e.data for e in event_log(c, types={"agent.spawn_interrupted"})]
+        if point == "spawn.recorded":
+            assert [(e["taskId"], e["action"]) for e in interrupted] == [("once", "respawn")]
+            assert len(agents) == 2  # the fenced one (exited, never ran) and the new one
+        else:
+            assert interrupted == []
+            assert len(agents) == 1
+            adopted = [e.data for e in event_log(c, types={"agent.reattached"})]
+            assert [e["agentId"] for e in adopted] == [agents[0]["id"]]
+
+
+def test_runs_never_overlap_in_a_worktree_across_repeated_mid_spawn_kills(repo: Path) -> None:
+    """Killed before one spawn, restarted, killed right after the next: every process's
+    lifetime ends before the next one's starts, and the task still finishes."""
+    _config(repo, crash="spawn.recorded")
+    with restartable_daemon(repo) as grid:
+        c = grid.client()
+        c.post("/tasks", {"id": "twice", "title": "killed twice", "maxAttempts": 1})
+        with contextlib.suppress(DaemonUnreachable, httpx.TransportError):
+            c.post("/session/start", {"maxAgents": 1})
+        assert grid.daemon is not None
+        assert grid.daemon.proc.wait(30) is not None
+        _config(repo, crash="spawn.started")
+        grid.start()  # fences the first run, spawns again, dies right after
+        assert grid.daemon.proc.wait(30) is not None
+        _config(repo, crash=None)
+        grid.start()
+        wait_task_status(c, "twice", "review", timeout=60)
+        agents = [a for a in c.get("/agents", params={"all": "1"}) if a["taskId"] == "twice"]
+        spans = _lifetimes(agents)
+        assert len(spans) == 1, f"the task's agent ran {len(spans)} times: {spans}"
+        for (_, ended), (started, _) in itertools.pairwise(spans):
+            assert ended <= started, f"two agents ran at once in one worktree: {spans}"
+
+
+def test_an_oserror_while_spawning_fails_the_attempt_cleanly_and_the_session_goes_on(
+    repo: Path,
+) -> None:
+    _config(repo, crash=None, stop_when_idle=False)  # the session outlives the failed task
+    runs = repo / ".grid" / "runs"
+    with running_daemon(repo) as daemon:
+        c = daemon.client()
+        shutil.rmtree(runs)
+        runs.write_text("not a directory\n")  # no run directory can be made under it
+        c.post("/tasks", {"id": "doomed", "title": "cannot start", "maxAttempts": 2})
+        c.post("/session/start", {"maxAgents": 1})
+        task = wait_task_status(c, "doomed", "failed", timeout=60)
+        agents = c.get("/agents", params={"all": "1"})
+        for agent in agents:  # settled, with the reason: never left starting or stopping
+            assert agent["status"] == "exited"
+            assert "NotADirectoryError" in str(agent["error"])
+        assert c.get("/agents") == []
+        assert task["attempts"] == 2
+        assert "NotADirectoryError" in str(task["error"]) and str(runs) in str(task["error"])
+        failures = [e.data for e in event_log(c, types={"task.start_failed"})]
+        assert [f["attempt"] for f in failures] == [1, 2]
+        assert {f["agentId"] for f in failures} == {a["id"] for a in agents}
+        # The session did not stall: with the directory back, the next task runs.
+        runs.unlink()
+        runs.mkdir(mode=0o700)
+        c.post("/tasks", {"id": "fine", "title": "starts normally"})
+        wait_task_status(c, "fine", "review", timeout=60)
+        assert c.get("/tasks/doomed")["status"] == "failed"
+
+
+def _run_dir_for(tmp_path: Path, name: str) -> Path:
+    """A run directory with a spec whose agent leaves ``ran`` in the work directory."""
+    run_dir, work = tmp_path / name, tmp_path / f"{name}-work"
+    run_dir.mkdir()
+    work.mkdir()
+    spec = {
+        "argv": [sys.executable, "-c", "open('ran', 'w').write('x')"],
+        "cwd": str(work),
+        "env": {"PATH": os.environ.get("PATH", "")},
+        "stdin": "null",
+    }
+    (run_dir / "spec.marshal").write_bytes(marshal.dumps(spec))
+    return run_dir
+
+
+def _shim(run_dir: Path) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-I", "-S", str(SHIM_PATH), str(run_dir)], timeout=30, check=False
+    )
+
+
+def test_a_fenced_run_is_never_started_by_a_late_shim(tmp_path: Path) -> None:
+    run_dir = _run_dir_for(tmp_path, "late")
+    assert LocalExecutor(tmp_path).fence(run_dir) is True
+    assert _shim(run_dir).returncode == 0
+    assert not (tmp_path / "late-work" / "ran").exists()
+    assert not (run_dir / "agent.json").exists() and not (run_dir / "exit.json").exists()
+    assert LocalExecutor(tmp_path).fence(run_dir) is True  # a second restart: still fenced
+
+
+def test_a_run_its_shim_claimed_first_is_not_fenced(tmp_path: Path) -> None:
+    run_dir = _run_dir_for(tmp_path, "early")
+    assert _shim(run_dir).returncode == 0
+    assert (tmp_path / "early-work" / "ran").exists()
+    assert LocalExecutor(tmp_path).fence(run_dir) is False  # reattach it instead

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gridd import API_VERSION, HANDOVER_PROTOCOL, __version__
+from gridd.agents.executor import Executor
 from gridd.agents.local import LocalExecutor
 from gridd.background import Background
 from gridd.dbguard import Problem
@@ -62,7 +63,14 @@ TERMINAL_OK = frozenset({TaskStatus.DONE, TaskStatus.CANCELLED})
 
 
 class Grid:
-    def __init__(self, *, workspace: Workspace, settings: Settings, store: Store) -> None:
+    def __init__(
+        self,
+        *,
+        workspace: Workspace,
+        settings: Settings,
+        store: Store,
+        executor: Executor | None = None,
+    ) -> None:
         self.workspace = workspace
         self.settings = settings
         self.store = store
@@ -85,7 +93,7 @@ class Grid:
         self.worktrees = Worktrees(workspace.root, workspace.worktrees_dir)
         self.questions = QuestionBook(store=store, state=self.state, bus=self.bus)
         #: Starts, signals and reattaches agents: the local shim executor (agents/executor.py).
-        self.executor = LocalExecutor(workspace.runs_dir)
+        self.executor: Executor = executor or LocalExecutor(workspace.runs_dir)
         self.pool = AgentPool(
             workspace=workspace,
             settings=settings,

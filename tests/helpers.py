@@ -207,8 +207,9 @@ class InProcessDaemon:
 
 
 @contextlib.asynccontextmanager
-async def inprocess_daemon(root: Path, config: dict | None = None):  # type: ignore[no-untyped-def,type-arg]
-    """Serve ``root`` from this process: same composition as gridd, no signal handlers."""
+async def inprocess_daemon(root: Path, config: dict | None = None, executor=None):  # type: ignore[no-untyped-def,type-arg]
+    """Serve ``root`` from this process: same composition as gridd, no signal handlers
+    (``executor``: another executor than the local shim one, at the seam)."""
     import asyncio
 
     from gridd.daemon import bind_socket, build_server
@@ -221,7 +222,7 @@ async def inprocess_daemon(root: Path, config: dict | None = None):  # type: ign
     ws.ensure_grid_dir()
     settings = parse_settings(config or {})
     store = Store.open(ws.db_path)
-    grid = Grid(workspace=ws, settings=settings, store=store)
+    grid = Grid(workspace=ws, settings=settings, store=store, executor=executor)
     server = build_server(grid, handle_signals=False)
     sock = bind_socket(ws.socket_path)
     await grid.start()

@@ -5,6 +5,8 @@ while a spawn is in flight never runs the task twice at once in its worktree aft
 restart: the agent recorded before the spawn is reattached if it runs, or its run is
 fenced and the task started afresh. Process lifetimes come from the shim's own records
 (``agent.json``'s ``startedAt``, ``exit.json``'s ``endedAt``), not from events.
+The fence itself is shown on a real shim: a run fenced first is never started by a late
+shim, and a run its shim claimed first is not fenced.
 
 An ``OSError`` from the executor (here: the runs directory replaced by a file, so no run
 directory can be made) settles the agent as exited, fails the attempt with its reason and
@@ -15,12 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import marshal
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
+from gridd.agents.local import LocalExecutor
+from gridd.agents.starter import SHIM_PATH
 from gridd.errors import DaemonUnreachable
 from tests.helpers import (
     agent_command,
@@ -143,3 +151,40 @@ def test_an_oserror_while_spawning_fails_the_attempt_cleanly_and_the_session_goe
         c.post("/tasks", {"id": "fine", "title": "starts normally"})
         wait_task_status(c, "fine", "review", timeout=60)
         assert c.get("/tasks/doomed")["status"] == "failed"
+
+
+def _run_dir_for(tmp_path: Path, name: str) -> Path:
+    """A run directory with a spec whose agent leaves ``ran`` in the work directory."""
+    run_dir, work = tmp_path / name, tmp_path / f"{name}-work"
+    run_dir.mkdir()
+    work.mkdir()
+    spec = {
+        "argv": [sys.executable, "-c", "open('ran', 'w').write('x')"],
+        "cwd": str(work),
+        "env": {"PATH": os.environ.get("PATH", "")},
+        "stdin": "null",
+    }
+    (run_dir / "spec.marshal").write_bytes(marshal.dumps(spec))
+    return run_dir
+
+
+def _shim(run_dir: Path) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-I", "-S", str(SHIM_PATH), str(run_dir)], timeout=30, check=False
+    )
+
+
+def test_a_fenced_run_is_never_started_by_a_late_shim(tmp_path: Path) -> None:
+    run_dir = _run_dir_for(tmp_path, "late")
+    assert LocalExecutor(tmp_path).fence(run_dir) is True
+    assert _shim(run_dir).returncode == 0
+    assert not (tmp_path / "late-work" / "ran").exists()
+    assert not (run_dir / "agent.json").exists() and not (run_dir / "exit.json").exists()
+    assert LocalExecutor(tmp_path).fence(run_dir) is True  # a second restart: still fenced
+
+
+def test_a_run_its_shim_claimed_first_is_not_fenced(tmp_path: Path) -> None:
+    run_dir = _run_dir_for(tmp_path, "early")
+    assert _shim(run_dir).returncode == 0
+    assert (tmp_path / "early-work" / "ran").exists()
+    assert LocalExecutor(tmp_path).fence(run_dir) is False  # reattach it instead

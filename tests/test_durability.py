@@ -402,9 +402,7 @@ def test_output_events_have_no_gap_when_the_daemon_is_killed_mid_flood(
 # -- an upgrade: gridctl daemon restart -----------------------------------------------------------
 
 
-def test_gridctl_daemon_restart_keeps_every_agent_running(
-    repo: Path, tmp_path: Path
-) -> None:
+def test_gridctl_daemon_restart_keeps_every_agent_running(repo: Path, tmp_path: Path) -> None:
     write_core_config(
         repo,
         agents={"tick": {"command": agent_command("ticker.py", str(tmp_path), "0.1")}},

@@ -15,26 +15,26 @@ glibc only; elsewhere (musl, macOS), or if anything fails, ``trim`` does nothing
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import sys
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
+    """glibc, loaded on first use (never at import: a daemon at rest does not need it)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL("libc.so.6")  # glibc's soname: no ldconfig run to find it
         libc.malloc_trim  # noqa: B018  (glibc has it; musl does not)
     except (OSError, AttributeError):
         return None
     return libc
 
 
-_LIBC = _libc()
-
-
 def trim() -> bool:
     """Give the heap's free pages back to the system; True when any were."""
-    if _LIBC is None:
+    libc = _libc()
+    if libc is None:
         return False
-    return bool(_LIBC.malloc_trim(0))
+    return bool(libc.malloc_trim(0))

@@ -402,9 +402,7 @@ def test_output_events_have_no_gap_when_the_daemon_is_killed_mid_flood(
 # -- an upgrade: gridctl daemon restart -----------------------------------------------------------
 
 
-def test_gridctl_daemon_restart_keeps_every_agent_running_and_answers_quickly(
-    repo: Path, tmp_path: Path
-) -> None:
+def test_gridctl_daemon_restart_keeps_every_agent_running(repo: Path, tmp_path: Path) -> None:
     write_core_config(
         repo,
         agents={"tick": {"command": agent_command("ticker.py", str(tmp_path), "0.1")}},
@@ -417,14 +415,11 @@ def test_gridctl_daemon_restart_keeps_every_agent_running_and_answers_quickly(
         c.post("/session/start", {"maxAgents": 3})
         pids = {t: wait_pid(tmp_path, t) for t in tids}
         old_pid = c.get("/health")["pid"]
-        began = time.monotonic()
+        # How fast it comes back (the 2 s promise) is bench/bench_durability.py's to measure.
         result = gridctl(repo, "--workspace", str(repo), "daemon", "restart", timeout=60)
-        took = time.monotonic() - began
         assert result.returncode == 0, result.stderr
         health = c.get("/health")
         assert health["pid"] != old_pid
-        # Generous on a loaded box; the promise (2 s) is measured by the benchmark.
-        assert took < 5, f"gridctl daemon restart took {took:.1f}s"
         assert all(not process_gone(p) for p in pids.values())
         reattached = wait_for_events(c, {"agent.reattached"}, 3)
         assert {e.data["taskId"]: e.data["pid"] for e in reattached} == pids

@@ -10,6 +10,7 @@ from tests.helpers import (
     agent_command,
     core_daemon,
     event_log,
+    touch,
     wait_task_status,
     write_core_config,
 )
@@ -20,7 +21,8 @@ def test_in_step_mode_only_a_step_starts_work_and_it_answers_with_what_it_did(
 ) -> None:
     write_core_config(
         repo,
-        agents={"work": {"command": agent_command("trivial.py", "0.2")}},
+        # Each agent runs until told to finish (CONTROL/<task>.go): no slot frees by itself.
+        agents={"work": {"command": agent_command("ticker.py", str(tmp_path), "0.2")}},
         scheduler={"default_agent": "work", "step_mode": True},
     )
     with core_daemon(repo) as daemon:
@@ -46,11 +48,13 @@ def test_in_step_mode_only_a_step_starts_work_and_it_answers_with_what_it_did(
         assert [a for a in again["actions"] if a["action"] == "start"] == []
         assert again["passes"] == first["passes"] + 1
 
+        touch(tmp_path / f"{started}.go")
         wait_task_status(c, started, "review")
         other = "s2" if started == "s1" else "s1"
         assert c.get(f"/tasks/{other}")["status"] == "ready"  # still waiting for a step
         after = c.post("/scheduler/step")
         assert [a["taskId"] for a in after["actions"] if a["action"] == "start"] == [other]
+        touch(tmp_path / f"{other}.go")
         wait_task_status(c, other, "review")
 
 

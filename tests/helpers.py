@@ -763,3 +763,33 @@ def stop_workspace(root: Path) -> None:
         proc.kill()
         proc.wait(5)
     kill_workspace_agents(root)
+
+
+def kill9_between_exit_and_commit(
+    grid: Restartable, client: GridClient, worktree: Path, go: Path, task_id: str
+) -> None:
+    """Kill -9 the daemon after ``task_id``'s agent exited and before its work is committed,
+    then start it again. The worktree's index lock is held so the commit after the exit
+    fails (a transient git error, retried): ``go`` lets the agent finish, and the daemon is
+    killed once its log shows the refused commit, with the task still ``working``."""
+    gitdir = Path(
+        subprocess.run(
+            ["git", "-C", str(worktree), "rev-parse", "--absolute-git-dir"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    lock = gitdir / "index.lock"
+    lock.write_text("")
+    go.write_text("")
+    log = grid.root / ".grid" / "gridd.log"
+    wait_for(
+        lambda: log.exists() and "index.lock" in log.read_text(errors="replace"),
+        timeout=30,
+        message="the commit after the agent's exit refused by the held lock",
+    )
+    assert client.get(f"/tasks/{task_id}")["status"] == "working"
+    grid.kill9()
+    lock.unlink()
+    grid.start()

@@ -15,6 +15,7 @@ from gridd.model import Task, TaskStatus
 from tests.helpers import (
     core_daemon,
     event_log,
+    kill9_between_exit_and_commit,
     restartable_daemon,
     wait_for,
     wait_task_status,
@@ -176,20 +177,7 @@ def test_a_daemon_killed_between_agent_exit_and_commit_with_a_worktree_prepared_
         assert agent["taskId"] == "kept"
         worktree = Path(str(agent["worktreePath"]))
         prepared(repo, "next")
-        gitdir = Path(git(worktree, "rev-parse", "--absolute-git-dir"))
-        lock = gitdir / "index.lock"
-        lock.write_text("")  # the commit after the agent's exit fails until the restart
-        go.write_text("")
-        log = repo / ".grid" / "gridd.log"
-        wait_for(
-            lambda: log.exists() and "index.lock" in log.read_text(errors="replace"),
-            timeout=30,
-            message="the commit after the agent's exit refused by the held lock",
-        )
-        assert c.get("/tasks/kept")["status"] == "working"
-        grid.kill9()
-        lock.unlink()
-        grid.start()
+        kill9_between_exit_and_commit(grid, c, worktree, go, "kept")
         kept = wait_task_status(c, "kept", "review", timeout=60)
         nxt = wait_task_status(c, "next", "review", timeout=60)
         assert kept["changedFiles"] == ["kept.txt"] and nxt["changedFiles"] == ["next.txt"]

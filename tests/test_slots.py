@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tests.helpers import (
     event_log,
+    kill9_between_exit_and_commit,
     restartable_daemon,
     wait_for,
     wait_task_status,
@@ -42,22 +43,7 @@ def test_a_daemon_killed_between_agent_exit_and_commit_loses_nothing(
         c.post("/session/start", {"maxAgents": 1})
         agent = wait_for(lambda: c.get("/agents") and c.get("/agents")[0], timeout=30)
         worktree = Path(str(agent["worktreePath"]))
-        # Hold the worktree's index lock: the commit after the agent exits fails (a transient
-        # git error, retried), so the daemon is certainly killed between exit and commit.
-        gitdir = Path(git(worktree, "rev-parse", "--absolute-git-dir"))
-        lock = gitdir / "index.lock"
-        lock.write_text("")
-        go.write_text("")
-        log = repo / ".grid" / "gridd.log"
-        wait_for(
-            lambda: log.exists() and "index.lock" in log.read_text(errors="replace"),
-            timeout=30,
-            message="the commit after the agent's exit refused by the held lock",
-        )
-        assert c.get("/tasks/kept")["status"] == "working"
-        grid.kill9()
-        lock.unlink()
-        grid.start()
+        kill9_between_exit_and_commit(grid, c, worktree, go, "kept")
         task = wait_task_status(c, "kept", "review", timeout=60)
         assert task["changedFiles"] == ["work.txt"]
         assert git(worktree, "status", "--porcelain") == ""

@@ -19,6 +19,30 @@ from gridd.agents import shim
 SHIM_PATH = Path(shim.__file__)
 
 
+def launch_shim(log_path: Path, fds: dict[str, int]) -> subprocess.Popen[bytes]:
+    """Start a detached shim (``--<name>-fd=N`` for each of ``fds``, which it inherits) in a
+    session of its own, its output appended to ``log_path``. Isolated (``-I -S``): the shim
+    imports nothing of gridd's or of site-packages."""
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-I",
+                "-S",
+                str(SHIM_PATH),
+                "-",
+                "--detach",
+                *(f"--{name}-fd={fd}" for name, fd in fds.items()),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=tuple(fds.values()),
+        )
+
+
 class LaunchedShim:
     """A shim process started (detached) and waiting for the run directory it will serve.
 
@@ -38,25 +62,7 @@ class LaunchedShim:
         go_r, go_w = os.pipe()
         ready_r, ready_w = os.pipe()
         try:
-            with open(log_path, "ab") as log:
-                launcher = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-I",
-                        "-S",
-                        str(SHIM_PATH),
-                        "-",
-                        "--detach",
-                        f"--go-fd={go_r}",
-                        f"--ready-fd={ready_w}",
-                    ],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=log,
-                    start_new_session=True,
-                    close_fds=True,
-                    pass_fds=(go_r, ready_w),
-                )
+            launcher = launch_shim(log_path, {"go": go_r, "ready": ready_w})
         except BaseException:
             for fd in (go_w, ready_r):
                 os.close(fd)
@@ -156,24 +162,7 @@ class ShimStarter:
     def _start_server(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            with open(self.spare_log, "ab") as log:
-                launcher = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-I",
-                        "-S",
-                        str(SHIM_PATH),
-                        "-",
-                        "--detach",
-                        f"--control-fd={theirs.fileno()}",
-                    ],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=log,
-                    start_new_session=True,
-                    close_fds=True,
-                    pass_fds=(theirs.fileno(),),
-                )
+            launcher = launch_shim(self.spare_log, {"control": theirs.fileno()})
         except OSError:
             ours.close()
             return

@@ -85,24 +85,40 @@ class Supervisor:
         #: Told of ``daemon.degraded`` / ``daemon.recovered`` (the Grid publishes them).
         self.announce: Announce | None = None
         self._stopping = False
+        #: Bumped whenever a part comes, goes or changes state: the views below are cached
+        #: by it, since /health reads them on every request.
+        self.revision = 0
+        self._views: tuple[int, dict[str, str], list[str], list[str]] | None = None
 
     def supervise(self, name: str, factory: Factory, *, core: bool = False) -> asyncio.Task[Any]:
         """Run ``factory()`` as the part ``name``, again from a new call whenever it dies."""
         part = Part(name=name, factory=factory, core=core)
         self.parts[name] = part
+        self.revision += 1
         return self._background.spawn(name, self._run(part))
+
+    def _view(self) -> tuple[int, dict[str, str], list[str], list[str]]:
+        if self._views is None or self._views[0] != self.revision:
+            parts = sorted(self.parts.items())
+            self._views = (
+                self.revision,
+                {name: part.state.value for name, part in parts},
+                [n for n, p in parts if p.state is not PartState.UP],
+                [n for n, p in parts if p.core and p.state is not PartState.UP],
+            )
+        return self._views
 
     def states(self) -> dict[str, str]:
         """Part name -> "up" | "restarting" | "down" (what /health and /metrics show)."""
-        return {name: part.state.value for name, part in sorted(self.parts.items())}
+        return dict(self._view()[1])
 
     def degraded(self) -> list[str]:
         """The parts that are not up, by name."""
-        return sorted(n for n, p in self.parts.items() if p.state is not PartState.UP)
+        return list(self._view()[2])
 
     def core_down(self) -> list[str]:
         """The core parts that are not up: the daemon cannot do its job without them."""
-        return sorted(n for n, p in self.parts.items() if p.core and p.state is not PartState.UP)
+        return list(self._view()[3])
 
     def retry_now(self) -> None:
         """Cut every waiting backoff short: what they crashed on is known to be fixed
@@ -130,6 +146,7 @@ class Supervisor:
         finally:
             if self.parts.get(part.name) is part:
                 del self.parts[part.name]
+                self.revision += 1
 
     async def _crashed(self, part: Part, exc: Exception) -> None:
         now = time.monotonic()
@@ -137,6 +154,7 @@ class Supervisor:
         part.crashes.append(now)
         verdict = after_crash(part.crashes, now, self.settings)
         part.state = verdict.state
+        self.revision += 1
         part.last_error = f"{type(exc).__name__}: {exc}"
         log.error(
             "background part %s crashed (%s); %s, next try in %.2fs",
@@ -163,6 +181,7 @@ class Supervisor:
             pass
         part.restarts += 1
         part.state = PartState.UP
+        self.revision += 1
         self._tell("daemon.recovered", {"part": part.name, "restarts": part.restarts})
 
     def announce_safely(self, kind: str, data: dict[str, Any]) -> None:

@@ -26,22 +26,14 @@ from typing import Any
 
 from bench.bench_spawn import GIT_IDENTITY, EventTap, agent_daemon, api, git_env, request
 from bench.common import Check, RawHTTP, make_repo, median, remove_repo, result
+from gridd.settings import CLAUDE_STREAM_ARGS
 
 NAME = "claude_finish"
 RUNS = 12
 RUNS_QUICK = 5
 TARGET_SECONDS = 0.5
 FAKE = Path(__file__).resolve().parent.parent / "tests" / "fakes" / "claude"
-ARGV = [
-    sys.executable,
-    str(FAKE),
-    "-p",
-    "--output-format",
-    "stream-json",
-    "--input-format",
-    "stream-json",
-    "--verbose",
-]
+ARGV = [sys.executable, str(FAKE), *CLAUDE_STREAM_ARGS]
 
 
 def _gridd_runs(runs: int, stamps: Path) -> list[float]:

@@ -184,6 +184,20 @@ class AgentProfile(_Section):
     )
 
 
+#: How gridd runs Claude Code headless: stream-json both ways (stdin stays open for follow-ups
+#: and answers). Without the permission prompt tool, which ``CLAUDE_PERMISSION_ARGS`` adds.
+CLAUDE_STREAM_ARGS = (
+    "-p",
+    "--output-format",
+    "stream-json",
+    "--input-format",
+    "stream-json",
+    "--verbose",
+)
+#: Permission prompts arrive as control requests on stdout, answered on stdin.
+CLAUDE_PERMISSION_ARGS = ("--permission-prompt-tool", "stdio")
+
+
 def builtin_profiles() -> dict[str, AgentProfile]:
     """Profiles that exist without any configuration."""
     return {
@@ -195,17 +209,7 @@ def builtin_profiles() -> dict[str, AgentProfile]:
         # The prompt goes in as the first stream-json message on stdin, which stays open
         # for answers; permission prompts arrive as control requests (--permission-prompt-tool).
         "claude": AgentProfile(
-            command=[
-                "claude",
-                "-p",
-                "--output-format",
-                "stream-json",
-                "--input-format",
-                "stream-json",
-                "--verbose",
-                "--permission-prompt-tool",
-                "stdio",
-            ],
+            command=["claude", *CLAUDE_STREAM_ARGS, *CLAUDE_PERMISSION_ARGS],
             adapter="claude",
             adapter_options={"permission_prompt_tool": "stdio"},
             stdin="pipe",

@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 
 from gridd.client import GridClient
+from gridd.settings import CLAUDE_PERMISSION_ARGS, CLAUDE_STREAM_ARGS
 
 GRIDD = [sys.executable, "-m", "gridd.cli.gridd_main"]
 GRIDCTL = [sys.executable, "-m", "gridd.cli.gridctl"]
@@ -484,19 +485,10 @@ def fake_claude_profile(
 ) -> dict[str, object]:
     """An agent profile running the fake claude as gridd runs the real one (``stdio``: with
     ``--permission-prompt-tool stdio``, so every question comes as a control request)."""
-    command = [
-        sys.executable,
-        str(FAKE_CLAUDE),
-        "-p",
-        "--output-format",
-        "stream-json",
-        "--input-format",
-        "stream-json",
-        "--verbose",
-    ]
+    command = [sys.executable, str(FAKE_CLAUDE), *CLAUDE_STREAM_ARGS]
     profile: dict[str, object] = {"adapter": "claude", "stdin": "pipe"}
     if stdio:
-        command += ["--permission-prompt-tool", "stdio"]
+        command += CLAUDE_PERMISSION_ARGS
         profile["adapter_options"] = {"permission_prompt_tool": "stdio"}
     profile["command"] = command
     if env:

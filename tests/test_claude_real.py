@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from gridd.client import GridClient
+from gridd.settings import CLAUDE_PERMISSION_ARGS, CLAUDE_STREAM_ARGS
 from tests.anthropic_standin import StandIn, Turn, error, limit, standin, tool
 from tests.helpers import (
     core_daemon,
@@ -58,17 +59,7 @@ def claude_profile(
     return {
         "adapter": "claude",
         "stdin": "pipe",
-        "command": [
-            str(CLAUDE),
-            "-p",
-            "--output-format",
-            "stream-json",
-            "--input-format",
-            "stream-json",
-            "--verbose",
-            "--permission-prompt-tool",
-            "stdio",
-        ],
+        "command": [str(CLAUDE), *CLAUDE_STREAM_ARGS, *CLAUDE_PERMISSION_ARGS],
         "adapter_options": {"permission_prompt_tool": "stdio", **options},
         "env": env,
         "launch_grace_seconds": 60,

@@ -324,10 +324,7 @@ class Radar:
             base = fork.out.strip()
             files: frozenset[str] = frozenset()
             if base and base != tip:
-                diff = await git(
-                    self.root, "diff", "--name-only", "-z", base, tip, "--", check=False
-                )
-                files = frozenset(f for f in diff.out.split("\0") if f)
+                files = await self._committed_files(base, tip)
             self._landed[key] = files
         return self._landed[key]
 

@@ -51,9 +51,11 @@ def main() -> int:
     while (logdir / f"{task}-{n}.json").exists():
         n += 1
     resolved = resolve_conflicts()
-    (logdir / f"{task}-{n}.json").write_text(
-        json.dumps({"files": listing(), "prompt": prompt, "resolved": resolved})
-    )
+    # Written whole, then renamed into place: a test polling for it never reads half of it.
+    record = logdir / f"{task}-{n}.json"
+    tmp = record.with_name(record.name + ".tmp")
+    tmp.write_text(json.dumps({"files": listing(), "prompt": prompt, "resolved": resolved}))
+    tmp.replace(record)
     spec = json.loads(prompt.splitlines()[0])
     if "\n---\n" in prompt:
         Path(f"{task}.feedback.txt").write_text(prompt)

@@ -38,7 +38,7 @@ from gridd.pool.roster import Roster
 from gridd.questions import QuestionBook
 from gridd.settings import AgentProfile, Settings
 from gridd.state import GridState
-from gridd.worktrees import Worktrees
+from gridd.worktrees import Worktree, Worktrees
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,14 @@ class Finisher:
         self.roster.finishing.add(agent.task_id)
         self.state.touch()  # the agent has exited: its slot is free while its work is committed
         try:
-            await self._finish(agent, status, run)
+            gate = self.roster.claims.get(agent.task_id)
+            if gate is not None:  # started while its claim was in flight: wait for the answer
+                await asyncio.shield(gate)
+            disowned = self.roster.disowned.pop(agent.task_id, None)
+            if disowned is not None:
+                await self._disowned(agent, status, run, disowned)
+            else:
+                await self._finish(agent, status, run)
         finally:
             self.roster.finishing.discard(agent.task_id)
             self.state.flush()
@@ -103,6 +110,25 @@ class Finisher:
                 error = exc
                 break
         self._unrecorded(agent, status, run, error)
+
+    async def _disowned(
+        self, agent: Agent, status: ExitStatus, run: RunWatch, worktree: Worktree
+    ) -> None:
+        """A run whose claim was lost while it ran: the work was never ours. Nothing is
+        committed; the worktree and its branch go (the task is already cancelled)."""
+        self.roster.release(agent.id)
+        self._settle(agent, status, run)
+        await self.worktrees.abandon(worktree)
+        self.bus.publish(
+            "agent.stopped",
+            {
+                "agentId": agent.id,
+                "taskId": agent.task_id,
+                "reason": "claim lost",
+                "exitCode": status.code,
+                "committedWork": False,
+            },
+        )
 
     def _unrecorded(
         self, agent: Agent, status: ExitStatus, run: RunWatch, error: Exception | None

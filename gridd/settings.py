@@ -267,6 +267,13 @@ class BeadsSettings(_Section):
         pattern=r"^[^,\s]{1,100}$",
         description="Label on a bead reopened after its task failed",
     )
+    claim_ahead: int = Field(
+        default=4,
+        ge=0,
+        le=64,
+        description="Ready beads claimed before a slot is free for them, while the session"
+        " runs (0: a bead is claimed only when its task starts)",
+    )
     write_attempts: int = Field(
         default=6, ge=1, le=20, description="Tries of one bd write before giving up"
     )

@@ -249,6 +249,12 @@ class Worktrees:
         res = await git(path, "diff", "--name-only", f"{base}..HEAD", "--")
         return sorted(line for line in res.out.splitlines() if line)
 
+    async def abandon(self, worktree: Worktree) -> None:
+        """Remove a worktree and its branch whatever they hold. Only for a run that was
+        never ours (its beads claim was lost while it ran); anything else uses ``discard``."""
+        await git(self.root, "worktree", "remove", "--force", "--", str(worktree.path), check=False)
+        await git(self.root, "branch", "-D", "--", worktree.branch, check=False)
+
     async def discard(self, worktree: Worktree) -> bool:
         """Remove a worktree made for a task that never ran, and its branch, but only while
         the branch is still at its base: a commit on it is never thrown away (False)."""

@@ -12,6 +12,7 @@ Backoff deadlines are monotonic here and persisted with the task as wall-clock t
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import datetime, timedelta
 
@@ -19,6 +20,7 @@ from gridd.agents.executor import AgentHandle
 from gridd.agents.watch import RunWatch
 from gridd.model import TERMINAL_TASK_STATUSES, Task, utcnow
 from gridd.settings import SchedulerSettings
+from gridd.worktrees import Worktree
 
 
 class Roster:
@@ -35,6 +37,12 @@ class Roster:
         #: Agents with a stop in flight in this daemon (True: a kill). The status says
         #: ``stopping`` from an earlier daemon too; this says whether anyone acts on it.
         self.stops: dict[str, bool] = {}
+        #: Task id -> resolved once its claim (beads) has been answered and acted on: an
+        #: agent started while its claim was in flight is finished only after that.
+        self.claims: dict[str, asyncio.Future[None]] = {}
+        #: Task id -> the worktree of a run started before its claim was lost: its finish
+        #: commits nothing and removes the worktree (the work was never ours to keep).
+        self.disowned: dict[str, Worktree] = {}
 
     def release(self, agent_id: str) -> None:
         """Forget an agent whose run is over (it is being finished)."""

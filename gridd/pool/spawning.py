@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
+from gridd.adapters.base import Adapter
 from gridd.adapters.registry import get_adapter
 from gridd.agents.executor import Launch
 from gridd.agents.watch import RunWatch
@@ -29,7 +30,7 @@ from gridd.plan import RATE_LIMIT_RESET
 from gridd.pool.context import PoolContext
 from gridd.pool.prompts import continuation_prompt, feedback_prompt, render_command
 from gridd.pool.watching import Watcher
-from gridd.worktrees import Worktrees
+from gridd.worktrees import Worktree, Worktrees
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,14 @@ def describe(exc: OSError) -> str:
 #: Called before the first agent of a task from an external source starts; False means
 #: someone else owns the task (e.g. a lost beads claim).
 Claimer = Callable[[Task], Awaitable[bool]]
+
+
+async def _ask(claimer: Claimer, task: Task) -> bool | Exception:
+    """The claim's answer: True (ours), False (someone else's) or why bd could not say."""
+    try:
+        return await claimer(task)
+    except Exception as exc:
+        return exc
 
 
 class Spawner:
@@ -104,40 +113,88 @@ class Spawner:
             task_id, base_branch, known_base=first.base_commit if first.branch else None
         )
         claimer = self.claimers.get(first.source)
+        claim: asyncio.Task[bool | Exception] | None = None
         if claimer is not None and first.attempts == 0:
-            # Claim while the worktree is made: both are process starts, neither needs the other.
-            claimed, made = await asyncio.gather(claimer(first), making, return_exceptions=True)
-            if claimed is not True:
-                if not isinstance(made, BaseException):
-                    await self.worktrees.discard(made)
-                if isinstance(claimed, BaseException):
-                    # bd could not answer: not an attempt, the claim is tried again later.
-                    until = self.ctx.roster.back_off(task_id, 1)
-                    self.ctx.bus.publish(
-                        "task.start_failed", {"taskId": task_id, "error": f"claim: {claimed}"}
-                    )
-                    move_task(
-                        self.ctx.state,
-                        task_id,
-                        TaskStatus.READY,
-                        reason="claim failed; retrying",
-                        error=f"claim: {claimed}",
-                        backoff_until=until,
-                    )
-                    return
-                move_task(
-                    self.ctx.state,
-                    task_id,
-                    TaskStatus.CANCELLED,
-                    reason="claim lost",
-                    error="claimed by someone else",
-                )
-                return
-            if isinstance(made, BaseException):
-                raise made
-            worktree = made
-        else:
-            worktree = await making
+            # The claim runs while the worktree is made and the agent starts: process starts
+            # that need nothing of each other. The agent's finish waits for its answer, and a
+            # claim lost stops the agent before any of its work is committed (``_own``).
+            claim = self.ctx.background.spawn(f"claim:{task_id}", _ask(claimer, first))
+            self.ctx.roster.claims[task_id] = asyncio.get_running_loop().create_future()
+        try:
+            await self._spawn(task_id, profile_name, adapter, making=making, claim=claim)
+        except Exception:
+            # A start that failed for a task that turns out not to be ours is no attempt.
+            if claim is None or (outcome := await claim) is True:
+                raise
+            self._not_ours(task_id, outcome)
+        finally:
+            gate = self.ctx.roster.claims.pop(task_id, None) if claim is not None else None
+            if gate is not None and not gate.done():
+                gate.set_result(None)
+
+    async def _own(
+        self, task_id: str, agent_id: str, worktree: Worktree, claim: asyncio.Task[bool | Exception]
+    ) -> None:
+        """The claim's answer for an agent already started: a claim lost (or unanswered)
+        stops it at once, and its finish commits nothing and removes its worktree."""
+        outcome = await claim
+        if outcome is True:
+            return
+        self.ctx.roster.disowned[task_id] = worktree
+        self._not_ours(task_id, outcome)
+        self.watcher.stopper.request_stop(agent_id, "claim lost", force=True)
+
+    def _not_ours(self, task_id: str, outcome: bool | Exception) -> None:
+        """The claim was lost: the task is cancelled. Or bd could not answer: the task waits
+        a backoff and starts again as a first attempt (which claims again)."""
+        task = self.ctx.state.tasks.get(task_id)
+        if task is None or task.status not in (TaskStatus.WORKING, TaskStatus.READY):
+            return
+        if not isinstance(outcome, Exception):
+            move_task(
+                self.ctx.state,
+                task_id,
+                TaskStatus.CANCELLED,
+                reason="claim lost",
+                error="claimed by someone else",
+            )
+            return
+        self.ctx.bus.publish("task.start_failed", {"taskId": task_id, "error": f"claim: {outcome}"})
+        first: dict[str, object] = {
+            "attempts": 0,
+            "sessions": 0,
+            "branch": None,
+            "base_commit": None,
+            "worktree": None,
+        }
+        if task.status == TaskStatus.READY:
+            self.ctx.state.update_task(task_id, **first)
+            return
+        move_task(
+            self.ctx.state,
+            task_id,
+            TaskStatus.READY,
+            reason="claim failed; retrying",
+            error=f"claim: {outcome}",
+            backoff_until=self.ctx.roster.back_off(task_id, 1),
+            **first,
+        )
+
+    async def _spawn(
+        self,
+        task_id: str,
+        profile_name: str,
+        adapter: Adapter,
+        *,
+        making: Awaitable[Worktree],
+        claim: asyncio.Task[bool | Exception] | None,
+    ) -> None:
+        profile = self.ctx.profiles[profile_name]
+        worktree = await making
+        if claim is not None and claim.done() and (outcome := claim.result()) is not True:
+            await self.worktrees.discard(worktree)  # answered before anything ran
+            self._not_ours(task_id, outcome)
+            return
         task = self.ctx.state.tasks.get(task_id)
         if task is None or task.status != TaskStatus.WORKING:
             return  # stopped or cancelled while the worktree was being made
@@ -247,6 +304,8 @@ class Spawner:
         )
         self.ctx.state.touch()
         self.watcher.spawn(agent_id)
+        if claim is not None:
+            await self._own(task_id, agent_id, worktree, claim)
         opening = adapter.initial_input(prompt)
         if opening and profile.stdin == "pipe" and handle.exit_status() is None:
             try:

@@ -26,7 +26,7 @@ from gridd.events import EventBus
 from gridd.model import Task, TaskStatus, utcnow
 from gridd.settings import BeadsSettings
 from gridd.sources.bd import BdError, BdResult, run_bd
-from gridd.sources.beads_claim import ClaimBatcher
+from gridd.sources.beads_claim import BeadClaims
 from gridd.sources.beads_mirror import BeadWriter, mirror_writes
 from gridd.sources.beads_watch import watch_beads
 from gridd.state import GridState
@@ -105,11 +105,17 @@ class BeadsSource:
         self.writer = BeadWriter(
             run=lambda args: self.bd(*args), bus=bus, background=background, settings=settings
         )
-        self.claims = ClaimBatcher(lambda args: self.bd(*args), background)
+        self.claims = BeadClaims(
+            source=SOURCE,
+            run=lambda args: self.bd(*args),
+            writer=self.writer,
+            state=state,
+            bus=bus,
+            background=background,
+            ahead=settings.claim_ahead,
+        )
         #: The status last mirrored onto each bead (so a status is written once).
         self._shown: dict[str, str] = {}
-        #: Beads whose claim gridd holds (a cancelled task gives its bead back).
-        self._claimed: set[str] = set()
         #: Bead id -> why it was refused (reported once until the reason changes).
         self._refused: dict[str, str] = {}
         #: Creates a task from a bead's fields through the same commands as ``POST /tasks``
@@ -134,6 +140,7 @@ class BeadsSource:
                 "beads-watch", lambda: watch_beads(self.ws.root / ".beads", self.poke, bus=self.bus)
             )
         self.bus.add_listener(self._on_event)
+        self.claims.start()
 
     async def bd(self, *args: str) -> BdResult:
         return await run_bd(self.settings.command, args, cwd=self.ws.root)
@@ -214,22 +221,19 @@ class BeadsSource:
     # -- claiming ----------------------------------------------------------------------------
 
     async def claim(self, task: Task) -> bool:
-        """Claim the bead before its agent starts; False when someone else holds it."""
-        try:
-            lost = await self.claims.claim(task.id)
-        except BdError as exc:
-            self.bus.publish("beads.error", {"error": str(exc), "taskId": task.id})
-            raise
-        if lost is None:
-            self._claimed.add(task.id)
+        """Claim the bead before its agent starts (or while it starts: see ``pool.spawning``);
+        False when someone else holds it. Made ahead already, it costs no bd call."""
+        won = await self.claims.claim(task)
+        if won:
             self._shown[task.id] = TaskStatus.WORKING
-            return True
-        self.bus.publish("beads.claim_lost", {"taskId": task.id, "message": lost[:300]})
-        return False
+        return won
 
     # -- mirroring transitions back ----------------------------------------------------------
 
     def _on_event(self, event: Any) -> None:
+        if event.type == "session.stopped":
+            self.claims.session_stopped()
+            return
         if event.type != "tasks.changed":
             return
         finished = False
@@ -248,15 +252,15 @@ class BeadsSource:
                 settings=self.settings,
                 merge_commit=task.get("mergeCommit"),
                 error=task.get("error"),
-                claimed=bead_id in self._claimed,
+                claimed=bead_id in self.claims.held,
             )
             if status in (TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED):
-                self._claimed.discard(bead_id)
+                self.claims.held.discard(bead_id)
             elif status == TaskStatus.WORKING and previous in (
                 TaskStatus.FAILED,
                 TaskStatus.CANCELLED,
             ):
-                self._claimed.add(bead_id)
+                self.claims.held.add(bead_id)
             self.writer.submit(bead_id, writes)
             finished = finished or status in ("review", "done", "failed")
         if finished and not self.settings.watch:

@@ -109,6 +109,7 @@ class BeadWriter:
         self.background = background
         self.settings = settings
         self._lanes: dict[str, deque[Write]] = {}
+        self._draining: dict[str, asyncio.Task[None]] = {}
 
     def submit(self, bead_id: str, writes: list[Write]) -> None:
         if not writes:
@@ -118,7 +119,14 @@ class BeadWriter:
             lane.extend(writes)
             return
         self._lanes[bead_id] = deque(writes)
-        self.background.spawn(f"beads-write-{bead_id}", self._drain(bead_id))
+        self._draining[bead_id] = self.background.spawn(
+            f"beads-write-{bead_id}", self._drain(bead_id)
+        )
+
+    async def drained(self, bead_id: str) -> None:
+        """Return once no write to ``bead_id`` is queued or running."""
+        while (drain := self._draining.get(bead_id)) is not None and not drain.done():
+            await asyncio.wait([drain])
 
     def pending(self, bead_id: str) -> int:
         lane = self._lanes.get(bead_id)
@@ -132,6 +140,7 @@ class BeadWriter:
                 lane.popleft()
         finally:
             self._lanes.pop(bead_id, None)
+            self._draining.pop(bead_id, None)
 
     async def _write(self, bead_id: str, args: Write) -> None:
         attempts = self.settings.write_attempts

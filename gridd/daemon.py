@@ -27,12 +27,11 @@ import time
 from collections.abc import Callable, Generator
 from pathlib import Path
 
-import uvicorn
-
 from gridd import trust
 from gridd.adapters.registry import get_adapter
 from gridd.api import create_app
 from gridd.api.protocol import ConnectionGate, gridd_protocol
+from gridd.api.uvicorn_core import Config, Server
 from gridd.errors import AlreadyRunning, ConfigError, GriddError, WorkspaceError
 from gridd.grid import Grid
 from gridd.settings import Settings, load_settings
@@ -170,12 +169,12 @@ def setup_logging(ws: Workspace, settings: Settings) -> None:
 # -- serving ------------------------------------------------------------------------------------
 
 
-class _Server(uvicorn.Server):
+class _Server(Server):
     """uvicorn, with our own signal handling (flags only) and a hook once it accepts."""
 
     def __init__(
         self,
-        config: uvicorn.Config,
+        config: Config,
         *,
         on_started: Callable[[], None],
         handle_signals: bool = True,
@@ -233,7 +232,7 @@ def build_server(
         header_timeout=daemon.header_timeout_seconds,
         gate=ConnectionGate(daemon.max_connections),
     )
-    config = uvicorn.Config(
+    config = Config(
         create_app(grid),
         http=protocol,
         ws="none",

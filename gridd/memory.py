@@ -14,9 +14,12 @@ glibc only; elsewhere (musl, macOS), or if anything fails, ``trim`` does nothing
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import ctypes
 
 
 @functools.cache
@@ -24,6 +27,8 @@ def _libc() -> ctypes.CDLL | None:
     """glibc, loaded on first use (never at import: a daemon at rest does not need it)."""
     if not sys.platform.startswith("linux"):
         return None
+    import ctypes  # here, not at the top: ctypes is loaded only by a daemon that trims
+
     try:
         libc = ctypes.CDLL("libc.so.6")  # glibc's soname: no ldconfig run to find it
         libc.malloc_trim  # noqa: B018  (glibc has it; musl does not)

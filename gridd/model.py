@@ -25,7 +25,7 @@ def isotime(value: datetime | None) -> str | None:
 class WireModel(BaseModel):
     """camelCase on the wire, snake_case in Python."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, defer_build=True)
 
     def wire(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)

@@ -50,7 +50,11 @@ def _check_dependency_ids(value: list[str]) -> list[str]:
 
 class RequestModel(BaseModel):
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", allow_inf_nan=False
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        allow_inf_nan=False,
+        defer_build=True,
     )
 
 

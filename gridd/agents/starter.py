@@ -95,12 +95,17 @@ class LaunchedShim:
 
     async def reap_launcher(self) -> None:
         """The launcher exits right after forking the shim: collect it (no zombie)."""
-        for _ in range(200):
-            if self.launcher.poll() is not None:
-                return
-            await asyncio.sleep(0.005)
-        self.launcher.kill()
-        self.launcher.wait()
+        await reap(self.launcher)
+
+
+async def reap(launcher: subprocess.Popen[bytes]) -> None:
+    """Collect a launcher, which exits as soon as it has forked its shim away."""
+    for _ in range(200):
+        if launcher.poll() is not None:
+            return
+        await asyncio.sleep(0.005)
+    launcher.kill()
+    launcher.wait()
 
 
 class ForkedShim:
@@ -142,6 +147,7 @@ class ShimStarter:
         self.spare_log = spare_log
         self._spare: LaunchedShim | None = None
         self._server: socket.socket | None = None
+        self._reaper: asyncio.Task[None] | None = None
         self._closed = False
 
     def take(self) -> LaunchedShim | ForkedShim | None:
@@ -168,8 +174,10 @@ class ShimStarter:
             return
         finally:
             theirs.close()
-        launcher.wait()  # it exits as soon as the server has forked away
-        self._server = ours
+        self._server = ours  # what we send is queued on the socket until the server reads
+        # Collected in the background: waiting here held the daemon's start for as long as
+        # an interpreter takes to start.
+        self._reaper = asyncio.get_running_loop().create_task(reap(launcher))
 
     def _replenish(self) -> None:
         if self._spare is not None or self._closed:

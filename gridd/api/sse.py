@@ -16,16 +16,19 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sse_starlette import EventSourceResponse, ServerSentEvent
-from sse_starlette.sse import SendTimeoutError
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from gridd.api.errors import query_int
+from gridd.api.uvicorn_core import without_uvicorn_cli
 from gridd.errors import BadRequest
 from gridd.events import BATCH_BYTES, Subscriber
 from gridd.grid import Grid
 from gridd.model import Event
+
+with without_uvicorn_cli():
+    from sse_starlette import EventSourceResponse, ServerSentEvent
+    from sse_starlette.sse import SendTimeoutError
 
 SNAPSHOT = "state.snapshot"
 RESET = "reset"

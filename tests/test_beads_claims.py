@@ -191,3 +191,42 @@ def test_the_next_beads_are_claimed_ahead_and_given_back_when_the_session_stops(
         ]
         assert bd_issue(repo, "bd-race")["assignee"] == "rival"
         assert not [e for e in c.events(since=0, types=["beads.error"], read_timeout=1)]
+
+
+def test_a_daemon_killed_before_the_claims_answer_asks_again_and_a_loss_commits_nothing(
+    repo: Path,
+) -> None:
+    import contextlib
+
+    import httpx
+
+    from gridd.errors import DaemonUnreachable
+    from tests.helpers import restartable_daemon
+
+    agent = ["sh", "-c", "echo work > out.txt; sleep 60"]
+    extra = agent_config(agent, claim_ahead=0)
+    setup_beads(repo, [], extra=extra + '[daemon]\ncrash_points = ["spawn.started"]\n')
+    write_db(repo, [bead("bd-late", race=True)], delay={"bd-late": 1.0})
+    config = repo / ".grid" / "config.toml"
+    with restartable_daemon(repo) as grid:
+        c = grid.client()
+        wait_for(lambda: len(c.get("/tasks")) == 1, timeout=20, message="bead imported")
+        # The agent starts while its claim is with bd, and the daemon dies at once (kill -9).
+        with contextlib.suppress(DaemonUnreachable, httpx.TransportError):
+            c.post("/session/start", {"featureBranch": "beads-kill", "maxAgents": 1})
+        assert grid.daemon is not None
+        assert grid.daemon.proc.wait(30) is not None
+        config.write_text(setup_text := config.read_text().split("[daemon]")[0])
+        assert "crash_points" not in setup_text
+        grid.start()  # reattaches the run, asks bd again: the rival has the bead
+        wait_for(
+            lambda: c.get("/tasks")[0]["status"] == "cancelled",
+            timeout=30,
+            message="the loss learnt after the restart",
+        )
+        wait_for(lambda: not c.get("/agents"), timeout=30, message="the agent stopped")
+        events = list(c.events(since=0, types=["agent.completed", "agent.stopped"], read_timeout=1))
+        assert [e.type for e in events] == ["agent.stopped"]
+        assert events[0].data["reason"] == "claim lost" and not events[0].data["committedWork"]
+        assert not branch_exists(repo, "grid/bd-late")
+        assert bd_issue(repo, "bd-late")["assignee"] == "rival"

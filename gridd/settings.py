@@ -236,6 +236,13 @@ class WatchSettings(_Section):
         le=60,
         description="Poll interval where notifications are off or unavailable (macOS)",
     )
+    coalesce_seconds: float = Field(
+        default=0.01,
+        ge=0,
+        le=1,
+        description="Notifications are read at most this often: what agents write within"
+        " the window is published in one batch (one transaction); 0: at once",
+    )
 
 
 class BeadsSettings(_Section):

@@ -194,6 +194,22 @@ class GridState:
         self._remember_agent(agent)
         return agent
 
+    def note_output(self, positions: list[tuple[str, int, str]]) -> None:
+        """Agents' published output positions ``(agent_id, output_seq, last_output)``, in
+        the caller's transaction (with the output events: they commit together). Written
+        in place, not re-validated (an int and a str); the cache takes them at the commit,
+        so a rolled-back batch leaves it as the database is."""
+        self.store.save_output_positions((seq, last, agent_id) for agent_id, seq, last in positions)
+
+        def remember() -> None:
+            for agent_id, seq, last in positions:
+                agent = self.agents.get(agent_id)
+                if agent is not None:
+                    update = {"output_seq": seq, "last_output": last}
+                    self._remember_agent(agent.model_copy(update=update))
+
+        self.store.after_commit(remember)
+
     def write_agent(self, agent: Agent) -> None:
         """Persist an already validated agent. Only ``gridd.lifecycle`` calls it. (No
         wake-up: whoever needs the scheduler to look again touches the state itself.)"""

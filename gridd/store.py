@@ -364,6 +364,19 @@ class Store:
             (agent.id, agent.task_id, agent.status.value, agent.model_dump_json()),
         )
 
+    def save_output_positions(self, rows: Iterable[tuple[int, str, str]]) -> None:
+        """Each agent's published output position, ``(output_seq, last_output, agent_id)``:
+        two fields of its document set in place (SQLite's ``json_set``), with no model
+        validated or encoded. The hot path of agent output, one per line printed."""
+        try:
+            self._conn.executemany(
+                "UPDATE agents SET doc = json_set(doc, '$.output_seq', ?, '$.last_output', ?)"
+                " WHERE id = ?",
+                rows,
+            )
+        except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
+            raise self._noted(_store_error(exc)) from exc
+
     def load_agents(self) -> list[Agent]:
         return self._load("agents", Agent)
 

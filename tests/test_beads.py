@@ -443,3 +443,28 @@ def test_claims_made_together_go_to_bd_in_one_call_and_each_learns_its_fate(
     claims = [c for c in bd_calls(bd_dir) if c[0] == "update"]
     assert claims == [["update", "a", "b", "r", "gone", "--claim", "--json"]]
     assert read_issue(bd_dir, "a")["status"] == "in_progress"
+
+
+async def test_the_same_write_to_several_beads_is_one_bd_call_and_each_learns_its_fate(
+    bd_dir: Path,
+) -> None:
+    issues = [bead(i, status="in_progress", assignee="gridd") for i in ("bd-1", "bd-2")]
+    write_db(bd_dir, issues=issues)
+    store = Store.open(bd_dir / "g.db")
+    try:
+        writer, _bus = writer_for(bd_dir, store, retry_seconds=0.05)
+        s = writer.settings
+        for bead_id in ("bd-1", "bd-gone", "bd-2"):
+            writer.submit(bead_id, mirror_writes(bead_id, "review", previous="working", settings=s))
+        await wait_async(lambda: not any(writer.pending(b) for b in ("bd-1", "bd-2", "bd-gone")))
+        for bead_id in ("bd-1", "bd-2"):
+            assert "gridd:review" in (read_issue(bd_dir, bead_id).get("labels") or [])
+        flags = ["--status", "in_progress", "--add-label", "gridd:review", "--json"]
+        assert bd_calls(bd_dir) == [["update", "bd-1", "bd-gone", "bd-2", *flags]]
+        # the bead bd does not know is refused alone, once (not retried)
+        (error,) = errors_of(store)
+        assert error["taskId"] == "bd-gone" and error["permanent"] is True
+        assert "no issue found" in str(error["error"])
+    finally:
+        await writer.background.stop()
+        store.close()

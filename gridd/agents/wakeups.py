@@ -2,23 +2,35 @@
 
 A watcher (``pool.watching.Watcher``) used to look at its run every 20-50 ms whether or not
 anything had happened; with a few hundred agents that polling was most of the daemon's CPU.
-Now it waits on its ``Wakeup``, which three sources set:
+Now nothing looks at a run until something happened to it, and what happened decides who
+looks:
+
+- **new data** (``output.log`` or ``heartbeat.ndjson`` grew): the run is handed to
+  ``on_data``, the pool's output pass (``pool/batching.py``), which reads every such run
+  of a moment in one go, one store transaction for all of them;
+- **an exit, or a lost shim** (``exit.json`` renamed into place, the shim's pidfd readable,
+  a queue overflow): the run's ``Wakeup`` is set with ``exit_due``, waking its watcher,
+  which reads ``exit.json`` then and only then.
+
+Three sources report them:
 
 - **file notifications**: one inotify instance (``asyncinotify``) for the daemon, a watch on
-  each run directory, read by a reader callback on the event loop (no task, no timer). Only
-  the run's own files count (``output.log``, ``heartbeat.ndjson``, ``exit.json``, which the
-  shim renames into place): ``chunks.idx`` is the daemon's own writing and would wake it
-  for nothing.
+  each run directory. Its events are read straight off the descriptor (16 bytes and a name
+  each; the library's per-event objects cost more than the rest of the wake-up) and only
+  the run's own files count: ``chunks.idx`` is the daemon's own writing. With
+  ``coalesce_seconds`` the descriptor is read at most that often: the first notice starts
+  the window, what arrives within it is read at its end, in one batch.
 - **the shim's death**: a pidfd (Linux) becomes readable when the shim exits, even when it
   was killed before writing ``exit.json``.
 - **the safety net**: one sweep every ``sweep_seconds`` asks every run whether it holds
-  unread data (two ``stat`` calls) and wakes only those that do. Notifications that were
-  lost (queue overflow) or never existed are found there. Where inotify is unavailable
-  (macOS) or switched off (``watch.notify = false``) the sweep runs every
-  ``fallback_seconds`` instead and is the only source.
+  unread data (two ``stat`` calls) or an exit record, and reports only those that do.
+  Notifications that were lost (queue overflow) or never existed are found there. Where
+  inotify is unavailable (macOS) or switched off (``watch.notify = false``) the sweep runs
+  every ``fallback_seconds`` instead and is the only source.
 
 Each ``Wakeup`` counts its wake-ups and where they came from (``counts``), so tests and
-benchmarks can see that a quiet daemon's watchers stay asleep.
+benchmarks can see that a quiet daemon's watchers stay asleep, and that ``exit.json`` is
+read only when something says the run may have ended.
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,33 +46,53 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-#: The files in a run directory whose change means the watcher has something to read.
-RUN_FILES = frozenset({"output.log", "heartbeat.ndjson", "exit.json"})
+#: The files in a run directory whose change means there is data to read...
+DATA_FILES = frozenset({b"output.log", b"heartbeat.ndjson"})
+#: ... and the one whose arrival means the run may have ended (the shim renames it in).
+EXIT_FILE = b"exit.json"
+RUN_FILES = frozenset({n.decode() for n in (*DATA_FILES, EXIT_FILE)})
+
+#: ``struct inotify_event``: wd, mask, cookie, len; then ``len`` bytes of NUL-padded name.
+_EVENT = struct.Struct("iIII")
+_IN_Q_OVERFLOW = 0x4000
+_IN_IGNORED = 0x8000
+_READ_BYTES = 64 * 1024
 
 
 @dataclass
 class WakeCounts:
-    """Why a watcher woke: a file notice, the safety-net sweep, its shim's exit, a timeout."""
+    """Why a watcher woke: a file notice, the safety-net sweep, its shim's exit, a timeout;
+    how often its run was read (``reads``, by the output pass) and its exit record looked
+    for (``exit_checks``)."""
 
     notices: int = 0
     swept: int = 0
     shim_exit: int = 0
     timeouts: int = 0
-    wakeups: int = 0  # times ``wait`` returned
+    wakeups: int = 0  # times the watcher woke: ``wait`` returned, or the run was read
+    reads: int = 0
+    exit_checks: int = 0
 
 
 @dataclass
 class Wakeup:
     """One run's wake-up flag. ``unread`` (set by the watcher) says whether the run holds
-    data the watcher has not read yet; the sweep asks it."""
+    data not read yet; ``exit_due`` whether ``exit.json`` is worth reading (it was
+    notified, the shim died, the sweep saw it, or the watch just began)."""
 
     run_dir: Path
     unread: Callable[[], bool]
+    key: str = ""  # whose run it is (the agent id), for ``on_data``
     counts: WakeCounts = field(default_factory=WakeCounts)
     shim_gone: bool = False
+    exit_due: bool = True
     _event: asyncio.Event = field(default_factory=asyncio.Event)
     _watch: Any = None  # asyncinotify.Watch
     _pidfd: int | None = None
+    _exit_path: str = ""
+
+    def __post_init__(self) -> None:
+        self._exit_path = os.path.join(self.run_dir, "exit.json")
 
     @property
     def shim_watched(self) -> bool:
@@ -70,8 +103,15 @@ class Wakeup:
         self._event.set()
 
     def clear(self) -> None:
-        """Called before looking at the run: anything written after this wakes us again."""
+        """Called before looking at the run: anything happening after this wakes us again."""
         self._event.clear()
+
+    def take_exit_due(self) -> bool:
+        """Whether to read ``exit.json`` now (counted); clears the flag."""
+        due, self.exit_due = self.exit_due or self.shim_gone, False
+        if due:
+            self.counts.exit_checks += 1
+        return due
 
     async def wait(self, timeout: float | None) -> None:
         """Sleep until something happens to the run, or ``timeout`` seconds."""
@@ -83,23 +123,39 @@ class Wakeup:
         self.counts.wakeups += 1
 
 
+def _nothing(wake: Wakeup) -> None:
+    """``on_data`` until the pool sets its own: the watcher's own event, as before."""
+    wake.set()
+
+
 class Wakeups:
     """Where every watched run's ``Wakeup`` comes from (one per daemon)."""
 
     def __init__(
-        self, *, notify: bool = True, sweep_seconds: float = 2.0, fallback_seconds: float = 0.05
+        self,
+        *,
+        notify: bool = True,
+        sweep_seconds: float = 2.0,
+        fallback_seconds: float = 0.05,
+        coalesce_seconds: float = 0.0,
     ) -> None:
         self.notify = notify
         self.sweep_seconds = sweep_seconds
         self.fallback_seconds = fallback_seconds
+        self.coalesce_seconds = coalesce_seconds
         self.runs: dict[Path, Wakeup] = {}
         self.sweeps = 0
         self.overflows = 0
+        #: Batches of notifications read (one per window with ``coalesce_seconds``).
+        self.drains = 0
+        #: Runs with new data go here (the pool's output pass).
+        self.on_data: Callable[[Wakeup], None] = _nothing
         self._inotify: Any = None  # asyncinotify.Inotify, when available
         self._by_wd: dict[int, Wakeup] = {}
         #: Counts of runs no longer watched, so ``totals`` covers the daemon's whole life.
         self._retired = WakeCounts()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._window: asyncio.TimerHandle | None = None  # a coalescing window is open
 
     # -- set-up ----------------------------------------------------------------------------
 
@@ -124,7 +180,7 @@ class Wakeups:
         # and a blocking read in the reader callback would freeze the whole daemon.
         os.set_blocking(inotify.fd, False)
         self._inotify = inotify
-        self._loop.add_reader(inotify.fd, self._drain)
+        self._loop.add_reader(inotify.fd, self._readable)
 
     @property
     def interval(self) -> float:
@@ -138,6 +194,9 @@ class Wakeups:
     def close(self) -> None:
         for wake in list(self.runs.values()):
             self.unwatch(wake)
+        if self._window is not None:
+            self._window.cancel()
+            self._window = None
         if self._inotify is not None:
             if self._loop is not None:
                 self._loop.remove_reader(self._inotify.fd)
@@ -151,14 +210,16 @@ class Wakeups:
         run_dir: Path,
         *,
         unread: Callable[[], bool],
+        key: str = "",
         shim_pid: int | None = None,
         shim_alive: Callable[[], bool] | None = None,
     ) -> Wakeup:
-        """Start waking for ``run_dir``. Set at once: the first look finds what is there.
+        """Start waking for ``run_dir``. Set at once (and handed to ``on_data``): the first
+        look finds what is there, and whether the run already ended.
 
         ``shim_pid`` with ``shim_alive`` (its identity check, asked once the pid is pinned
         by a pidfd): the shim's exit wakes the watcher too."""
-        wake = Wakeup(run_dir, unread)
+        wake = Wakeup(run_dir, unread, key)
         wake.set()
         if self._inotify is not None:
             from asyncinotify import Mask
@@ -176,6 +237,7 @@ class Wakeups:
         if shim_pid is not None and self._loop is not None:
             self._watch_shim(wake, shim_pid, shim_alive)
         self.runs[run_dir] = wake
+        self.on_data(wake)
         return wake
 
     def unwatch(self, wake: Wakeup) -> None:
@@ -196,6 +258,9 @@ class Wakeups:
                     self._inotify.rm_watch(watch)
                 except OSError:
                     pass  # the directory is gone: the kernel dropped the watch already
+                # The library forgets a watch when it reads its IN_IGNORED; we read the
+                # descriptor ourselves, so we forget it for the library.
+                self._inotify._watches.pop(watch.wd, None)
 
     def _watch_shim(self, wake: Wakeup, pid: int, alive: Callable[[], bool] | None) -> None:
         opener = getattr(os, "pidfd_open", None)
@@ -232,59 +297,92 @@ class Wakeups:
 
     # -- the sources ---------------------------------------------------------------------------
 
-    def _drain(self) -> None:
-        """Read every queued notification and wake the runs they name (once per batch)."""
-        from asyncinotify import Mask
+    def _readable(self) -> None:
+        """Notifications are waiting: read them now, or at the end of a coalescing window
+        (the descriptor is not watched meanwhile, so a burst costs one loop wake-up)."""
+        if self.coalesce_seconds <= 0 or self._loop is None or self._inotify is None:
+            self._drain()
+            return
+        self._loop.remove_reader(self._inotify.fd)
+        self._window = self._loop.call_later(self.coalesce_seconds, self._window_closed)
 
+    def _window_closed(self) -> None:
+        self._window = None
+        if self._inotify is None or self._loop is None:
+            return
+        try:
+            self._drain()
+        finally:
+            self._loop.add_reader(self._inotify.fd, self._readable)
+
+    def _drain(self) -> None:
+        """Read every queued notification; hand each run with new data to ``on_data`` (once
+        per batch) and wake the watchers of runs whose ``exit.json`` arrived."""
         assert self._inotify is not None
-        woken: set[int] = set()
+        self.drains += 1
+        fd, by_wd = self._inotify.fd, self._by_wd
+        data: dict[int, Wakeup] = {}
         while True:
             try:
-                event = self._inotify.sync_get()
+                buf = os.read(fd, _READ_BYTES)
             except BlockingIOError:
                 break
             except OSError as exc:
                 log.warning("reading inotify failed: %s", exc)
                 break
-            if event is None:
+            if not buf:
                 break
-            if Mask.Q_OVERFLOW in event.mask:
-                # Notifications were lost: every run may hold unread data.
-                self.overflows += 1
-                for every in self.runs.values():
-                    every.counts.swept += 1
-                    every.set()
-                continue
-            watch = event.watch
-            wd = watch.wd if watch is not None else None
-            if Mask.IGNORED in event.mask:
-                if wd is not None:
-                    self._by_wd.pop(wd, None)  # the directory went away
-                continue
-            if event.name is None or str(event.name) not in RUN_FILES:
-                continue
-            if wd is None or wd in woken:
-                continue
-            found = self._by_wd.get(wd)
-            if found is not None:
-                woken.add(wd)
-                found.counts.notices += 1
-                found.set()
+            at, end = 0, len(buf)
+            while at < end:
+                wd, mask, _cookie, length = _EVENT.unpack_from(buf, at)
+                name = buf[at + 16 : at + 16 + length].rstrip(b"\0")
+                at += 16 + length
+                if mask & _IN_Q_OVERFLOW:
+                    self._overflowed()
+                    continue
+                if mask & _IN_IGNORED:
+                    by_wd.pop(wd, None)  # the directory went away (or we removed the watch)
+                    self._inotify._watches.pop(wd, None)
+                    continue
+                found = by_wd.get(wd)
+                if found is None:
+                    continue
+                if name in DATA_FILES:
+                    data[wd] = found
+                elif name == EXIT_FILE:
+                    found.exit_due = True
+                    found.set()
+        for wake in data.values():
+            wake.counts.notices += 1
+            self.on_data(wake)
+
+    def _overflowed(self) -> None:
+        """Notifications were lost: every run may hold unread data, or have ended."""
+        self.overflows += 1
+        for every in list(self.runs.values()):
+            every.counts.swept += 1
+            every.exit_due = True
+            every.set()
+            self.on_data(every)
 
     def sweep(self) -> int:
-        """The safety net: wake every run holding unread data. Returns how many woke."""
+        """The safety net: report every run holding unread data or an exit record.
+        Returns how many were reported."""
         self.sweeps += 1
         woken = 0
         for wake in list(self.runs.values()):
-            if wake._event.is_set():
-                continue
             try:
                 due = wake.unread()
             except OSError:
                 due = True  # let the watcher see (and report) what is wrong
-            if due:
-                wake.counts.swept += 1
+            ended = not wake.exit_due and os.path.exists(wake._exit_path)
+            if ended:
+                wake.exit_due = True
                 wake.set()
+            if due:
+                self.on_data(wake)
+            if due or ended:
+                wake.counts.swept += 1
                 woken += 1
         return woken
 
@@ -309,3 +407,5 @@ def _add(total: WakeCounts, more: WakeCounts) -> None:
     total.shim_exit += more.shim_exit
     total.timeouts += more.timeouts
     total.wakeups += more.wakeups
+    total.reads += more.reads
+    total.exit_checks += more.exit_checks

@@ -56,6 +56,10 @@ class RunWatch:
         self.nudged = False  # a stall nudge was sent: the next stall step stops it
         #: Chunks indexed before a restart but never published: the next poll returns them.
         self.pending: list[Chunk] = []
+        #: A look that could not be published (``hold``): the next poll returns it first.
+        self.held: Poll | None = None
+        #: Its exit was seen: the watcher reads what is left itself (the output pass skips it).
+        self.finishing = False
 
     def replay(self, upto: int) -> None:
         """Feed the adapter the output already published before a daemon restart (chunks
@@ -73,17 +77,26 @@ class RunWatch:
 
     def unread(self) -> bool:
         """True when the run's files hold something ``poll`` has not taken yet (or it has
-        ended): the safety-net sweep's question, two or three ``stat`` calls."""
-        if self.pending or self.output.size() > self.output.offset:
+        ended)."""
+        return self.unread_data() or os.path.exists(self.output.log_path.parent / "exit.json")
+
+    def unread_data(self) -> bool:
+        """True when output or heartbeats wait to be read (or a look's result waits to be
+        published again): the safety-net sweep's question, two ``stat`` calls."""
+        if self.pending or self.held is not None or self.output.size() > self.output.offset:
             return True
         try:
-            if os.stat(self.heartbeats.path).st_size > self.heartbeats.offset:
-                return True
+            return os.stat(self.heartbeats.path).st_size > self.heartbeats.offset
         except FileNotFoundError:
-            pass
-        return os.path.exists(self.output.log_path.parent / "exit.json")
+            return False
+
+    def hold(self, polled: Poll) -> None:
+        """Keep a look whose publishing failed (a full disk): the next ``poll`` returns it
+        first, so nothing read is lost or fed to the adapter twice."""
+        self.held = polled
 
     def poll(self, *, final: bool = False) -> Poll:
+        held, self.held = self.held, None
         result = Poll()
         result.chunks = self.pending + self.output.poll(final=final)
         self.pending = []
@@ -102,6 +115,13 @@ class RunWatch:
             self.last_life = time.monotonic()
         for signal in result.signals:
             self._note(signal)
+        if held is not None:
+            result = Poll(
+                chunks=held.chunks + result.chunks,
+                beats=held.beats + result.beats,
+                signals=held.signals + result.signals,
+                warnings=held.warnings + result.warnings,
+            )
         return result
 
     def _note(self, signal: base.Signal) -> None:

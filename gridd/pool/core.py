@@ -3,8 +3,10 @@ agents. It composes the parts and holds no logic of its own:
 
     spawning.py     a task marked working -> worktree, run directory, process (executor)
     reattaching.py  agents of an earlier daemon -> watched again
-    watching.py     one watcher per agent: wakes, reads (reading.py), judges health, on exit
-                    calls the finisher (``on_exit``)
+    watching.py     one watcher per agent: wakes on exits and deadlines, judges health,
+                    on exit reads the rest and calls the finisher (``on_exit``)
+    batching.py     the output pass: every run that wrote, read and published together
+                    (what a look means: reading.py)
     talking.py      answers, follow-ups and nudges to an agent's stdin
     stopping.py     stop, kill, and the end of a finished conversation
     roster.py       what is live in this daemon; shared with the finisher (``finish.py``)
@@ -74,6 +76,7 @@ class AgentPool:
             notify=watch.notify,
             sweep_seconds=watch.sweep_seconds,
             fallback_seconds=watch.fallback_seconds,
+            coalesce_seconds=watch.coalesce_seconds,
         )
         self.talk = Conversation(ctx)
         self.stopper = Stopper(ctx)

@@ -25,25 +25,46 @@ class RunReader:
         self.stopper = stopper
 
     def apply(self, agent_id: str, run: RunWatch, polled: Poll) -> None:
-        agent = self.ctx.state.agents[agent_id]
+        """Publish one look at one run: its output in a transaction of its own, then the
+        rest (``apply_rest``). The output pass (``batching.py``) publishes many runs' output
+        in one transaction instead; a watcher reading what an exited run left uses this.
+        A store that refuses the output keeps the look (``RunWatch.hold``) and raises."""
         if polled.chunks:
+            try:
+                with self.ctx.state.store.transaction():
+                    self.publish_output([(agent_id, polled)])
+            except BaseException:
+                run.hold(polled)
+                raise
+        self.apply_rest(agent_id, run, polled)
+
+    def publish_output(self, looked: list[tuple[str, Poll]]) -> None:
+        """Inside the caller's transaction: every look's chunks as ``agent.output`` events
+        and each agent's new published position. They commit together, so a daemon killed
+        after indexing them publishes exactly the rest on restart. (Subscribers see the
+        events only once the transaction has committed.)"""
+        bus, agents = self.ctx.bus, self.ctx.state.agents
+        positions: list[tuple[str, int, str]] = []
+        for agent_id, polled in looked:
+            if not polled.chunks:
+                continue
+            for chunk in polled.chunks:
+                bus.publish(
+                    "agent.output", {"agentId": agent_id, "chunk": chunk.text, "seq": chunk.seq}
+                )
             last = next(
                 (ln for ln in reversed(polled.chunks[-1].text.splitlines()) if ln.strip()), ""
             )
-            # The chunks' events and the agent's published position commit together: a
-            # daemon killed after indexing them publishes exactly the rest on restart.
-            # (Subscribers only see the events after this synchronous block has committed.)
-            with self.ctx.state.store.transaction():
-                for chunk in polled.chunks:
-                    self.ctx.bus.publish(
-                        "agent.output",
-                        {"agentId": agent_id, "chunk": chunk.text, "seq": chunk.seq},
-                    )
-                self.ctx.state.update_agent(
-                    agent_id,
-                    output_seq=polled.chunks[-1].seq,
-                    last_output=last[-300:] or agent.last_output,
-                )
+            positions.append(
+                (agent_id, polled.chunks[-1].seq, last[-300:] or agents[agent_id].last_output)
+            )
+        if positions:
+            self.ctx.state.note_output(positions)
+
+    def apply_rest(self, agent_id: str, run: RunWatch, polled: Poll) -> None:
+        """What a look means besides its output: heartbeats, warnings, the adapter's
+        signals, a stall recovered; persisted and published one by one."""
+        agent = self.ctx.state.agents[agent_id]
         changes: dict[str, object] = {}
         if polled.beats:
             beat = polled.beats[-1]

@@ -1,12 +1,15 @@
 """Watching agents: one watcher per agent, from its spawn (or reattachment) until it has
 exited and been finished.
 
-A watcher looks at its run each time something happened to it (``agents/wakeups.py``: new
-output or heartbeats, ``exit.json``, the supervisor's death, or a health deadline), hands
-what it read to ``reading.py``, judges the agent's health (launch failure, stall;
-``liveness.py``) and, once the agent has exited, calls ``on_exit`` (the finisher, set by the
-composition root). A supervisor gone without an exit record is an orphaned run: watched
-while its agent lives, then failed with that reason.
+A watcher sleeps until something may have changed its agent's fate (``agents/wakeups.py``):
+``exit.json`` arrived, the supervisor died, or a health deadline came. Only then does it
+read ``exit.json``; it judges the agent's health (launch failure, stall; ``liveness.py``)
+and, once the agent has exited, reads what its run left and calls ``on_exit`` (the
+finisher, set by the composition root). A supervisor gone without an exit record is an
+orphaned run: watched while its agent lives, then failed with that reason.
+
+Output is not the watcher's: runs with new data are read and published together by the
+output pass (``batching.py``), many agents' lines in one store transaction.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from gridd.agents.watch import RunWatch
 from gridd.errors import StoreError
 from gridd.liveness import LAUNCH_HINT, Verdict, assess, next_change
 from gridd.model import AgentStatus
+from gridd.pool.batching import OutputPass
 from gridd.pool.context import PoolContext
 from gridd.pool.pacing import OutputPacer
 from gridd.pool.reading import RunReader
@@ -30,9 +34,6 @@ from gridd.pool.talking import Conversation
 
 log = logging.getLogger(__name__)
 
-#: A look at a run indexes at most this many chunks (``OutputLog.poll``); a full look
-#: means more may be waiting, so the watcher looks again at once instead of sleeping.
-MAX_CHUNKS_PER_LOOK = 16
 #: Where nothing reports the shim's death (no pidfd) the watcher asks the OS this often.
 LIVENESS_SECONDS = 0.5
 #: A state database that cannot be written: retry watching after this (doubling, capped).
@@ -64,6 +65,9 @@ class Watcher:
         self.pacer = OutputPacer(held=lambda: ctx.bus.budget.held)
         #: Agent id -> why watching it is paused (retried with backoff; /health shows it).
         self.paused: dict[str, str] = {}
+        #: Reads and publishes the output of every run that wrote (one task for all).
+        self.output = OutputPass(ctx, reader=reader, pacer=self.pacer, paused=self.paused)
+        wakeups.on_data = lambda wake: self.output.wake(wake.key)
 
     def spawn(self, agent_id: str) -> None:
         """Start watching an agent (a background task named ``agent:<id>``)."""
@@ -75,12 +79,16 @@ class Watcher:
             self._sweeping = True
             self.wakeups.start()
             self.ctx.background.supervise("agent-wakeups", self.wakeups.run, core=True)
-        return self.wakeups.watch(
+            self.ctx.background.supervise("agent-output", self.output.run, core=True)
+        wake = self.wakeups.watch(
             handle.run_dir,
-            unread=run.unread,
+            unread=run.unread_data,
+            key=agent_id,
             shim_pid=handle.shim_pid if handle.shim_create_time is not None else None,
             shim_alive=handle.shim_alive,
         )
+        self.output.wakes[agent_id] = wake
+        return wake
 
     async def watch(self, agent_id: str) -> None:
         """Watch one agent until it has exited and been finished. A state database that
@@ -106,6 +114,7 @@ class Watcher:
                 pause = min(pause * 2, STORE_RETRY_MAX_SECONDS)
         finally:
             self.paused.pop(agent_id, None)
+            self.output.forget(agent_id)
 
     async def _watch_once(self, agent_id: str) -> None:
         handle, run = self.ctx.roster.handles[agent_id], self.ctx.roster.runs[agent_id]
@@ -118,19 +127,14 @@ class Watcher:
     async def _watch_run(
         self, agent_id: str, handle: AgentHandle, run: RunWatch, wake: Wakeup
     ) -> None:
-        """Look at the run each time something happened to it (see ``Wakeups``): new output
-        or heartbeats, ``exit.json``, the shim's death, or a health deadline."""
+        """Wake each time the agent's fate may have changed (see ``Wakeups``): its exit
+        record arrived, the shim died, or a health deadline came."""
         next_liveness = 0.0
         while True:
-            wake.clear()  # before looking: a write from here on wakes us again
-            status = handle.exit_status()
-            polled = run.poll(final=status is not None)
-            self.reader.apply(agent_id, run, polled)
-            if polled.chunks:
-                self.pacer.published(sum(len(c.text) for c in polled.chunks))
-                await self.pacer.settle()  # readers of the stream catch up first
+            wake.clear()  # before looking: anything from here on wakes us again
+            status = handle.exit_status() if wake.take_exit_due() else None
             now = time.monotonic()
-            # Asking the OS whether the shim lives costs far more than reading two files:
+            # Asking the OS whether the shim lives costs far more than reading a file:
             # exit.json is the normal way out and a pidfd reports the shim's death, so this
             # is only the safety net where no pidfd watches it (or the agent is orphaned).
             ask_os = wake.shim_gone or (not wake.shim_watched and now >= next_liveness)
@@ -140,23 +144,29 @@ class Watcher:
             if status is None and now >= next_liveness:
                 next_liveness = now + LIVENESS_SECONDS
             if status is not None:
-                while True:
-                    rest = run.poll(final=True)
-                    if not rest.chunks and not rest.beats:
-                        break
-                    self.reader.apply(agent_id, run, rest)
-                    self.pacer.published(sum(len(c.text) for c in rest.chunks))
-                    await self.pacer.settle()
-                self.pacer.rest()
+                await self._read_the_rest(agent_id, run, wake)
+                self.wakeups.unwatch(wake)  # nothing more can happen to it
                 if self.on_exit is not None:
                     await self.on_exit(agent_id, status, run)
                 return
             self.check_health(agent_id, run)
-            if len(polled.chunks) >= MAX_CHUNKS_PER_LOOK:
-                await asyncio.sleep(0)  # more may be waiting: let others run, then go on
-                continue
-            self.pacer.rest()
             await wake.wait(self._sleep_for(agent_id, run, wake))
+
+    async def _read_the_rest(self, agent_id: str, run: RunWatch, wake: Wakeup) -> None:
+        """The agent has exited: read and publish everything its run still holds (the
+        output pass leaves it alone from now on), the end of its output included."""
+        run.finishing = True
+        polled = run.poll(final=True)
+        while True:
+            wake.counts.reads += 1
+            self.reader.apply(agent_id, run, polled)
+            if polled.chunks:
+                self.pacer.published(sum(len(c.text) for c in polled.chunks))
+                await self.pacer.settle()
+            polled = run.poll(final=True)
+            if not polled.chunks and not polled.beats:
+                break
+        self.pacer.rest()
 
     def _sleep_for(self, agent_id: str, run: RunWatch, wake: Wakeup) -> float | None:
         """How long a watcher may sleep when nothing wakes it: until its next health verdict,

@@ -1,0 +1,137 @@
+"""The output pass publishes many agents' output in one store transaction: all of it or none
+of it, and a daemon killed in the middle of such a batch publishes exactly the rest after a
+restart. Watchers read ``exit.json`` only when something says the run may have ended."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gridd.errors import StoreError
+from gridd.store import Store
+from tests.helpers import (
+    agent_command,
+    event_log,
+    restartable_daemon,
+    wait_for,
+    wait_task_status,
+    write_core_config,
+)
+from tests.test_wakeups import assert_complete, lines_agents, output_by_agent, until
+
+
+async def test_a_pass_the_store_refuses_publishes_nothing_of_any_agent_then_all_of_it_once(
+    repo: Path,
+) -> None:
+    agents, count = 3, 40
+    async with lines_agents(repo, agents=agents, count=count) as (grid, control):
+        output = grid.pool.watcher.output
+        ids = sorted(a.id for a in grid.state.live_agents())
+        # Nothing is read while the agents write: the whole burst waits for one pass.
+        real_wake = output.wake
+        output.wake = lambda agent_id: None  # type: ignore[method-assign]
+        try:
+            (control / "go").touch()
+            await until(lambda: all((control / f"t{i}.done").exists() for i in range(agents)))
+            before = output_by_agent(grid)
+            positions = {a: grid.state.agents[a].output_seq for a in ids}
+            real_append = Store.append_event
+            failing = ids[-1]  # the last agent's first chunk fails: the others' are in already
+
+            def append_event(self: Store, type_: str, data: dict, *args: object) -> object:  # type: ignore[type-arg]
+                if data.get("agentId") == failing:
+                    raise StoreError(
+                        "the disk holding the state database is full", code="disk_full"
+                    )
+                return real_append(self, type_, data, *args)  # type: ignore[arg-type]
+
+            Store.append_event = append_event  # type: ignore[assignment,method-assign]
+            try:
+                output.due = dict.fromkeys(ids)
+                published, _ = output.run_pass()
+            finally:
+                Store.append_event = real_append  # type: ignore[method-assign]
+            assert published == 0
+            assert output_by_agent(grid) == before  # no agent's chunk got out
+            assert {a: grid.state.agents[a].output_seq for a in ids} == positions
+            stored = {a.id: a.output_seq for a in grid.store.load_agents() if a.id in ids}
+            assert stored == positions
+            assert set(output.paused) == set(ids)
+            # Writes work again: the held looks go out, each chunk once, in order.
+            output.due = dict.fromkeys(ids)
+            while output.due:
+                output.run_pass()
+        finally:
+            output.wake = real_wake  # type: ignore[method-assign]
+        await until(lambda: all(not r.unread() for r in grid.pool.runs.values()), what="read")
+        assert_complete(grid, count)
+        assert not output.paused
+        stored = {a.id: a.output_seq for a in grid.store.load_agents() if a.id in ids}
+        assert stored == {a: grid.state.agents[a].output_seq for a in ids}
+
+
+async def test_lines_from_many_agents_share_transactions(repo: Path) -> None:
+    agents, count = 8, 300
+    async with lines_agents(repo, agents=agents, count=count) as (grid, control):
+        output = grid.pool.watcher.output
+        before = output.transactions
+        (control / "go").touch()
+        await until(lambda: all((control / f"t{i}.done").exists() for i in range(agents)))
+        await until(lambda: all(not r.unread() for r in grid.pool.runs.values()), what="read")
+        assert_complete(grid, count)
+        # Every chunk went out, in far fewer transactions than there were chunks.
+        chunks = sum(len(v) for v in output_by_agent(grid).values())
+        assert 0 < output.transactions - before < chunks
+
+
+async def test_an_exit_is_noticed_without_reading_exit_json_on_every_wake(repo: Path) -> None:
+    agents, count = 4, 500
+    async with lines_agents(repo, agents=agents, count=count) as (grid, control):
+        wakeups = grid.pool.wakeups
+        (control / "go").touch()
+        await until(lambda: all((control / f"t{i}.done").exists() for i in range(agents)))
+        await until(lambda: all(not r.unread() for r in grid.pool.runs.values()), what="read")
+        assert_complete(grid, count)
+        totals = wakeups.totals()
+        assert totals.reads > agents  # the runs were read many times...
+        assert totals.exit_checks == agents  # ...exit.json once each, when watching began
+        (control / "end").touch()
+        await until(lambda: not grid.pool.handles, timeout=30, what="agents finished")
+        totals = wakeups.totals()
+        # The exit record's arrival (or the shim's exit) is what made each watcher read it.
+        assert agents < totals.exit_checks <= 3 * agents
+
+
+def test_a_daemon_killed_mid_batch_publishes_exactly_the_rest_of_every_agent(
+    repo: Path, tmp_path: Path
+) -> None:
+    write_core_config(
+        repo, agents={"flood": {"command": agent_command("flood.py", "6", str(tmp_path))}}
+    )
+    names = ["f1", "f2", "f3"]
+    with restartable_daemon(repo) as grid:
+        c = grid.client()
+        for name in names:
+            c.post("/tasks", {"id": name, "title": f"floods {name}", "agent": "flood"})
+        c.post("/session/start", {"maxAgents": len(names)})
+        runs = repo / ".grid" / "runs"
+
+        def indexed() -> int:
+            indexes = runs.glob("*/chunks.idx") if runs.exists() else []
+            return sum(1 for i in indexes if i.stat().st_size > 16 * 8)
+
+        # Killed while at least two agents' output is being indexed and published together.
+        wait_for(lambda: indexed() >= 2, timeout=30, interval=0.001)
+        grid.kill9()
+        grid.start()
+        for name in names:
+            wait_task_status(c, name, "review", timeout=90)
+        events = [e.data for e in event_log(c, types={"agent.output"})]
+    by_agent: dict[str, list[dict[str, object]]] = {}
+    for data in events:
+        by_agent.setdefault(str(data["agentId"]), []).append(data)
+    assert len(by_agent) == len(names)
+    for agent_id, chunks in by_agent.items():
+        run_dir = runs / agent_id
+        assert [ch["seq"] for ch in chunks] == list(range(1, len(chunks) + 1))
+        text = "".join(str(ch["chunk"]) for ch in chunks)
+        assert text.encode() == (run_dir / "output.log").read_bytes()

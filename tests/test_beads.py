@@ -242,6 +242,15 @@ def test_bd_refusals_are_permanent_and_outages_are_not() -> None:
     assert retry_delay(20, base=0.5) == 30.0
 
 
+def test_a_change_is_taken_for_gridds_own_write_only_while_or_just_after_one() -> None:
+    from gridd.sources.beads_watch import is_own_echo
+
+    assert is_own_echo(10.0, writing=1, wrote_at=None, window=0.1)
+    assert is_own_echo(10.0, writing=0, wrote_at=9.95, window=0.1)
+    assert not is_own_echo(10.0, writing=0, wrote_at=9.5, window=0.1)
+    assert not is_own_echo(10.0, writing=0, wrote_at=None, window=0.1)
+
+
 def test_the_watch_ignores_files_that_carry_no_issue_data() -> None:
     assert is_issue_data(".beads/issues.jsonl") and is_issue_data(".beads/dolt/noms/abc")
     assert not is_issue_data(".beads/daemon.log") and not is_issue_data(".beads/dolt/LOCK")

@@ -230,3 +230,55 @@ def test_a_daemon_killed_before_the_claims_answer_asks_again_and_a_loss_commits_
         assert events[0].data["reason"] == "claim lost" and not events[0].data["committedWork"]
         assert not branch_exists(repo, "grid/bd-late")
         assert bd_issue(repo, "bd-late")["assignee"] == "rival"
+
+
+def test_a_claim_bd_cannot_answer_while_its_agent_runs_stops_it_and_the_task_starts_afresh(
+    repo: Path,
+) -> None:
+    # The first claim fails as bd being down would (after 1 s, the agent running); the task
+    # goes back to ready as a first attempt, claims again, and its second run is the one kept.
+    agent = ["sh", "-c", 'echo "run $GRID_AGENT_ID" > out.txt; sleep 2']
+    extra = agent_config(agent, claim_ahead=0) + "[scheduler]\nbackoff_seconds = 0.05\n"
+    setup_beads(repo, [], extra=extra)
+    write_db(repo, [bead("bd-flaky")], delay={"bd-flaky": 1.0}, flaky={"bd-flaky": 1})
+    with running_daemon(repo) as d:
+        c = d.client()
+        wait_for(lambda: len(c.get("/tasks")) == 1, timeout=20, message="bead imported")
+        c.post("/session/start", {"featureBranch": "beads-flaky", "maxAgents": 1})
+        wait_for(lambda: c.get("/tasks")[0]["status"] == "review", timeout=60, message="second run")
+        task = c.get("/tasks")[0]
+        assert task["attempts"] == 1
+        types = ["agent.spawned", "agent.stopped", "agent.completed", "task.start_failed"]
+        events = [(e.type, e.data) for e in c.events(since=0, types=types, read_timeout=1)]
+        assert [t for t, _ in events] == [
+            "agent.spawned",
+            "task.start_failed",
+            "agent.stopped",
+            "agent.spawned",
+            "agent.completed",
+        ]
+        stopped = events[2][1]
+        assert stopped["reason"] == "claim unanswered" and not stopped["committedWork"]
+        kept = events[3][1]["agentId"]
+        # one commit on the branch: the second run's (the first run's work was not ours)
+        base = subprocess.run(
+            ["git", "merge-base", "beads-flaky", "grid/bd-flaky"],
+            cwd=repo, capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        log = subprocess.run(
+            ["git", "log", "--format=%s", f"{base}..grid/bd-flaky"],
+            cwd=repo, capture_output=True, text=True, check=True,
+        ).stdout.splitlines()  # fmt: skip
+        assert len(log) == 1
+        shown = subprocess.run(
+            ["git", "show", "grid/bd-flaky:out.txt"],
+            cwd=repo, capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert shown.strip() == f"run {kept}"
+        wait_for(
+            lambda: "gridd:review" in (bd_issue(repo, "bd-flaky").get("labels") or []),
+            timeout=20,
+            message="review mirrored",
+        )
+        assert bd_issue(repo, "bd-flaky")["status"] == "in_progress"
+        c.post("/session/stop")

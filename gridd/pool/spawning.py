@@ -145,7 +145,8 @@ class Spawner:
             return
         self.ctx.roster.disowned[task_id] = worktree
         self._not_ours(task_id, outcome)
-        self.watcher.stopper.request_stop(agent_id, "claim lost", force=True)
+        why = "claim unanswered" if isinstance(outcome, Exception) else "claim lost"
+        self.watcher.stopper.request_stop(agent_id, why, force=True)
 
     def recheck_claim(self, agent: Agent) -> None:
         """An earlier daemon started this run while its task's claim was in flight and died

@@ -10,8 +10,9 @@ review is written back to bd and 0.3 s pass before the next bead is written (eac
 measured alone, as ``bench_spawn`` measures each task alone).
 
 On the way gridd notices the change (watchfiles), runs ``bd ready --json --limit 0``, adds
-the task, wakes its scheduler, claims the bead (``bd update <id> --claim --json``) while it
-creates the worktree, launches the shim and publishes.
+the task, wakes its scheduler, creates the worktree, launches the shim and publishes; the
+claim (``bd update <id> --claim --json``) runs beside the worktree and the spawn, and the
+agent's finish waits for its answer (a lost claim stops the agent and commits nothing).
 
 Baseline (same run, another fresh repository, same ``bd``): a plain script doing the work
 that cannot be skipped, in series: ``bd ready``, ``bd update --claim``, ``git worktree add

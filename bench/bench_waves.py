@@ -13,8 +13,9 @@ repository with a session already started (``maxAgents`` 4):
 - **gridd, POST /tasks, nothing prepared**: the same with ``[scheduler] prepare_ahead = 0``
   (every ``git worktree add`` on the critical path), to show what preparing worktrees saves;
 - **gridd, beads**: the same, but the 20 beads land in bd's data in one atomic write (the
-  strict ``bd`` stand-in, ``python -I -S tests/fakes/bd``, watch on, poll off); each task is
-  claimed in bd before its agent starts, and review is written back.
+  strict ``bd`` stand-in, ``python -I -S tests/fakes/bd``, watch on, poll off); each bead is
+  claimed in bd (the next ones ahead of a free slot, ``[beads] claim_ahead``), and review is
+  written back (the same write to several beads in one ``bd update``).
 
 Targets: <= 2.5 s through ``POST /tasks``, <= 3 s through beads; the ratio to the baseline
 shows what gridd itself adds.

@@ -12,7 +12,7 @@ import logging
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 
 from gridd import API_VERSION, HANDOVER_PROTOCOL, __version__
@@ -207,11 +207,13 @@ class Grid:
         self.bus.publish("daemon.started", {"pid": os.getpid(), "version": __version__})
         await self.worktrees.setup()
         self.workspace.runs_dir.mkdir(mode=0o700, exist_ok=True)
+        beads = self.beads.enabled()
+        if beads:  # before recovery: a run reattached with its claim unanswered asks again
+            self.pool.claimers[BEADS] = self.beads.claim
         await recover(state=self.state, pool=self.pool, worktrees=self.worktrees, bus=self.bus)
         self.executor.start()
-        if self.beads.enabled():
+        if beads:
             self.scheduler.more_work_may_arrive = True
-            self.pool.claimers[BEADS] = self.beads.claim
             self.beads.start()
         self.notifier.start()
         self.background.supervise("event-log-pruner", self._prune_loop)
@@ -301,6 +303,17 @@ class Grid:
     @property
     def uptime(self) -> float:
         return round(time.monotonic() - self._started_mono, 3)
+
+    def health_key(self) -> Hashable:
+        """Equal for as long as ``health()`` would report the same, its uptime aside (read
+        on every ``/health``: cheap when nothing is wrong)."""
+        paused = self.pool.watcher.paused
+        return (
+            self.supervisor.revision,
+            tuple(self.warnings),
+            tuple(paused.items()) if paused else (),
+            self.store.write_error,
+        )
 
     def health(self) -> Health:
         """Degraded when there are warnings or a supervised part is not up; ``core_down``

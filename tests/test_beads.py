@@ -242,6 +242,15 @@ def test_bd_refusals_are_permanent_and_outages_are_not() -> None:
     assert retry_delay(20, base=0.5) == 30.0
 
 
+def test_a_change_is_taken_for_gridds_own_write_only_while_or_just_after_one() -> None:
+    from gridd.sources.beads_watch import is_own_echo
+
+    assert is_own_echo(10.0, writing=1, wrote_at=None, window=0.1)
+    assert is_own_echo(10.0, writing=0, wrote_at=9.95, window=0.1)
+    assert not is_own_echo(10.0, writing=0, wrote_at=9.5, window=0.1)
+    assert not is_own_echo(10.0, writing=0, wrote_at=None, window=0.1)
+
+
 def test_the_watch_ignores_files_that_carry_no_issue_data() -> None:
     assert is_issue_data(".beads/issues.jsonl") and is_issue_data(".beads/dolt/noms/abc")
     assert not is_issue_data(".beads/daemon.log") and not is_issue_data(".beads/dolt/LOCK")
@@ -443,3 +452,28 @@ def test_claims_made_together_go_to_bd_in_one_call_and_each_learns_its_fate(
     claims = [c for c in bd_calls(bd_dir) if c[0] == "update"]
     assert claims == [["update", "a", "b", "r", "gone", "--claim", "--json"]]
     assert read_issue(bd_dir, "a")["status"] == "in_progress"
+
+
+async def test_the_same_write_to_several_beads_is_one_bd_call_and_each_learns_its_fate(
+    bd_dir: Path,
+) -> None:
+    issues = [bead(i, status="in_progress", assignee="gridd") for i in ("bd-1", "bd-2")]
+    write_db(bd_dir, issues=issues)
+    store = Store.open(bd_dir / "g.db")
+    try:
+        writer, _bus = writer_for(bd_dir, store, retry_seconds=0.05)
+        s = writer.settings
+        for bead_id in ("bd-1", "bd-gone", "bd-2"):
+            writer.submit(bead_id, mirror_writes(bead_id, "review", previous="working", settings=s))
+        await wait_async(lambda: not any(writer.pending(b) for b in ("bd-1", "bd-2", "bd-gone")))
+        for bead_id in ("bd-1", "bd-2"):
+            assert "gridd:review" in (read_issue(bd_dir, bead_id).get("labels") or [])
+        flags = ["--status", "in_progress", "--add-label", "gridd:review", "--json"]
+        assert bd_calls(bd_dir) == [["update", "bd-1", "bd-gone", "bd-2", *flags]]
+        # the bead bd does not know is refused alone, once (not retried)
+        (error,) = errors_of(store)
+        assert error["taskId"] == "bd-gone" and error["permanent"] is True
+        assert "no issue found" in str(error["error"])
+    finally:
+        await writer.background.stop()
+        store.close()

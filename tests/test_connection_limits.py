@@ -39,6 +39,32 @@ def test_slow_headers_get_408_and_the_connection_is_closed(repo: Path) -> None:
         assert d.client().get("/health")["status"] == "ok"
 
 
+def test_a_later_request_on_a_kept_alive_connection_gets_its_own_header_wait(
+    repo: Path,
+) -> None:
+    # The wait runs from the start of each request, not of the connection: a client that
+    # pauses between requests is not cut off early, and a stalled later request still is.
+    write_config(repo, "[daemon]\nheader_timeout_seconds = 1.0\n")
+    with running_daemon(repo) as d:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(15)
+            s.connect(str(d.sock))
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: gridd\r\n\r\n")
+            first = b""
+            while b"}" not in first:
+                first += s.recv(65536)
+            assert first.startswith(b"HTTP/1.1 200")
+            time.sleep(0.6)  # part of the first wait gone, idle between requests
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: gr")  # and never the rest
+            began = time.monotonic()
+            reply = b""
+            while chunk := s.recv(65536):
+                reply += chunk
+            waited = time.monotonic() - began
+        assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+        assert 0.9 <= waited < 10
+
+
 def test_past_the_connection_cap_only_reserved_paths_answer(repo: Path) -> None:
     write_config(repo, "[daemon]\nmax_connections = 8\nheader_timeout_seconds = 30\n")
     with running_daemon(repo) as d:

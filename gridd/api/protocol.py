@@ -83,6 +83,8 @@ def gridd_protocol(
         _stall_timer: asyncio.TimerHandle | None = None
         _stall_unsent = 0  # the write buffer's size when the stall timer was (re)armed
         _header_timer: asyncio.TimerHandle | None = None
+        _header_wait = header_timeout
+        _headers_from: float | None = None  # loop time the current request's headers began
 
         def connection_made(self, transport: Any) -> None:
             sock = transport.get_extra_info("socket")
@@ -97,18 +99,27 @@ def gridd_protocol(
             connections.open += 1
             self._counted = True
             self._reserved_only = connections.open > connections.cap
+            self._header_wait = _RESERVED_HEADER_SECONDS if self._reserved_only else header_timeout
             super().connection_made(transport)
-            self._arm_header_timer()
+            self._headers_from = self.loop.time()
+            self._arm_header_timer(self._header_wait)
 
-        def _arm_header_timer(self) -> None:
+        def _arm_header_timer(self, delay: float) -> None:
             if self._header_timer is None:
-                wait = _RESERVED_HEADER_SECONDS if self._reserved_only else header_timeout
-                loop = asyncio.get_running_loop()
-                self._header_timer = loop.call_later(wait, self._headers_too_slow)
+                self._header_timer = self.loop.call_later(delay, self._headers_too_slow)
 
         def _headers_too_slow(self) -> None:
+            # One timer per connection, not per request: a request's start only notes the
+            # time, and the timer, when it fires, re-arms itself for what is left of the
+            # wait of the request under way (if any). A keep-alive client asking thousands
+            # of times a second costs no timer per request.
             self._header_timer = None
-            if self.transport.is_closing():
+            started = self._headers_from
+            if started is None or self.transport.is_closing():
+                return  # between requests: uvicorn's keep-alive timeout applies there
+            left = started + self._header_wait - self.loop.time()
+            if left > 0:
+                self._arm_header_timer(left)
                 return
             self.transport.write(
                 raw_error_response(
@@ -122,12 +133,11 @@ def gridd_protocol(
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self._arm_header_timer()
+            self._headers_from = self.loop.time()
+            self._arm_header_timer(self._header_wait)
 
         def on_headers_complete(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
+            self._headers_from = None
             if self._reserved_only and self.url.split(b"?")[0] not in RESERVED_PATHS:
                 self.app = _busy_app
             super().on_headers_complete()

@@ -85,14 +85,12 @@ class RouteTable:
 
         return register
 
-    def routes(self) -> list[Route]:
-        by_path: dict[str, dict[str, Handler]] = {}
+    def routes(self, *, first: tuple[str, ...] = ()) -> list[Route]:
+        """One route per path, in declaration order except for the paths in ``first``."""
+        by_path: dict[str, dict[str, Handler]] = {path: {} for path in first}
         for ep in self.endpoints:
             by_path.setdefault(ep.path, {})[ep.method] = ep.handler
-        routes = []
-        for path, methods in by_path.items():
-            routes.append(_method_route(path, methods))
-        return routes
+        return [_method_route(path, methods) for path, methods in by_path.items() if methods]
 
     def openapi(self) -> dict[str, Any]:
         models: dict[str, type[BaseModel]] = {"ErrorBody": ErrorBody}
@@ -204,10 +202,13 @@ def _path_params(path: str) -> list[dict[str, Any]]:
 
 
 def _method_route(path: str, methods: dict[str, Handler]) -> Route:
+    allowed = list(methods)
+    if allowed == ["GET"]:
+        return Route(path, methods["GET"], methods=allowed)  # Starlette adds HEAD itself
+
     async def dispatch(request: Request) -> Response:
         return await methods[request.method](request)
 
-    allowed = list(methods)
     if "GET" in allowed and "HEAD" not in allowed:
         methods = {**methods, "HEAD": methods["GET"]}
         allowed.append("HEAD")

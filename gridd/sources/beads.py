@@ -1,12 +1,14 @@
 """The beads source: ready issues from ``bd ready --json --limit 0`` become gridd tasks.
 
-A bead is claimed (``bd update <id> --claim``) before its agent is spawned; a failed claim
-means someone else has it, so the task is dropped with no agent. Status changes are mirrored
+A bead is claimed (``bd update <id> --claim``) ahead of its start or as its agent starts
+(``beads_claim``); a claim lost means someone else has it: the task is cancelled, and an
+agent already started for it is stopped with nothing committed. Status changes are mirrored
 back through ``beads_mirror`` (only statuses stock bd accepts). New beads are seen at once:
 a watch on ``.beads/`` runs ``bd ready`` when bd's data changes, with a slow poll as the
-safety net. ``bd`` failing or printing garbage is an event and a retry with backoff, never
-a crash. Output is parsed leniently: fields drift between bd versions, so only ``id`` is
-required.
+safety net (a change that is only the echo of gridd's own write is read at most once per
+``SYNC_GAP_SECONDS``). ``bd`` failing or printing garbage is an event and a retry with
+backoff, never a crash. Output is parsed leniently: fields drift between bd versions, so
+only ``id`` is required.
 """
 
 from __future__ import annotations
@@ -28,15 +30,18 @@ from gridd.settings import BeadsSettings
 from gridd.sources.bd import BdError, BdResult, run_bd
 from gridd.sources.beads_claim import BeadClaims
 from gridd.sources.beads_mirror import BeadWriter, mirror_writes
-from gridd.sources.beads_watch import watch_beads
+from gridd.sources.beads_watch import is_own_echo, watch_beads
 from gridd.state import GridState
 from gridd.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
 SOURCE = "beads"
-#: The shortest pause between two ``bd ready`` runs.
+#: The shortest pause between two ``bd ready`` runs woken by gridd's own writes.
 SYNC_GAP_SECONDS = 0.2
+#: A change seen while one of gridd's own bd writes runs, or this soon after one ended, is
+#: taken for that write's echo (``beads_watch.is_own_echo``).
+OWN_ECHO_SECONDS = 0.1
 #: Refused beads remembered (so each is reported once) before the memory starts over.
 REFUSED_LIMIT = 10_000
 __all__ = ["SOURCE", "BdError", "BdResult", "BeadsSource", "bead_task_fields", "parse_ready"]
@@ -102,6 +107,10 @@ class BeadsSource:
         self.last_sync_at: datetime | None = None
         self.failures = 0
         self._poke = asyncio.Event()
+        #: Set by a change that is not gridd's own write: read at once, with no gap.
+        self._urgent = asyncio.Event()
+        self._writing = 0
+        self._wrote_at: float | None = None
         self.writer = BeadWriter(
             run=lambda args: self.bd(*args), bus=bus, background=background, settings=settings
         )
@@ -137,19 +146,29 @@ class BeadsSource:
         self.background.supervise("beads-sync", self._sync_loop)
         if self.settings.watch:
             self.background.supervise(
-                "beads-watch", lambda: watch_beads(self.ws.root / ".beads", self.poke, bus=self.bus)
+                "beads-watch",
+                lambda: watch_beads(self.ws.root / ".beads", self.changed, bus=self.bus),
             )
         self.bus.add_listener(self._on_event)
         self.claims.start()
 
     async def bd(self, *args: str) -> BdResult:
-        return await run_bd(self.settings.command, args, cwd=self.ws.root)
+        write = args[:1] != ("ready",)
+        self._writing += write
+        try:
+            return await run_bd(self.settings.command, args, cwd=self.ws.root)
+        finally:
+            if write:
+                self._writing -= 1
+                self._wrote_at = time.monotonic()
 
     # -- seeing ready beads ------------------------------------------------------------------
 
     async def _sync_loop(self) -> None:
         """Run ``bd ready`` when poked (the watch, a finished task) or every ``poll_seconds``."""
         while True:
+            self._poke.clear()
+            self._urgent.clear()
             poll = self.settings.poll_seconds or None  # 0: no poll, only the watch
             delay = poll
             try:
@@ -164,12 +183,15 @@ class BeadsSource:
                 await asyncio.wait_for(self._poke.wait(), delay)
             except TimeoutError:
                 pass
-            # A burst of changes (gridd's own claims and writes among them) is read once per
-            # SYNC_GAP_SECONDS at most; a change after a quiet spell is read at once.
+            # The echoes of gridd's own claims and writes (which make nothing new ready, but
+            # come in bursts) are read once per SYNC_GAP_SECONDS at most; any other change
+            # (a new bead, most likely) is read at once, even during such a pause.
             since = time.monotonic() - (self.last_sync or 0.0)
-            if since < SYNC_GAP_SECONDS:
-                await asyncio.sleep(SYNC_GAP_SECONDS - since)
-            self._poke.clear()
+            if since < SYNC_GAP_SECONDS and not self._urgent.is_set():
+                try:
+                    await asyncio.wait_for(self._urgent.wait(), SYNC_GAP_SECONDS - since)
+                except TimeoutError:
+                    pass
 
     async def sync(self) -> int:
         """One ``bd ready`` poll; returns how many tasks were added."""
@@ -216,6 +238,15 @@ class BeadsSource:
         )
 
     def poke(self) -> None:
+        self._poke.set()
+
+    def changed(self) -> None:
+        """The watch saw bd's data change."""
+        now = time.monotonic()
+        if not is_own_echo(
+            now, writing=self._writing, wrote_at=self._wrote_at, window=OWN_ECHO_SECONDS
+        ):
+            self._urgent.set()
         self._poke.set()
 
     # -- claiming ----------------------------------------------------------------------------

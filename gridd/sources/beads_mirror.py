@@ -30,11 +30,15 @@ from gridd.events import EventBus
 from gridd.model import TaskStatus
 from gridd.settings import BeadsSettings
 from gridd.sources.bd import BdError, BdResult, is_permanent
+from gridd.sources.bd_batch import BdRefused, UpdateBatcher
 
 log = logging.getLogger(__name__)
 
 Write = list[str]
 RunBd = Callable[[list[str]], Awaitable[BdResult]]
+#: How long a write waits for the same change to other beads (it is off every critical
+#: path: the agent has finished and its slot is free).
+WRITE_GATHER_SECONDS = 0.05
 
 
 def mirror_writes(
@@ -93,6 +97,16 @@ def mirror_writes(
     return []
 
 
+def batchable(args: Write) -> bool:
+    """An ``update`` of one bead that may share a call with the same update of others."""
+    return (
+        len(args) > 2
+        and args[0] == "update"
+        and not args[1].startswith("-")
+        and "--json" not in args
+    )
+
+
 def retry_delay(attempt: int, *, base: float, cap: float = 30.0) -> float:
     """Seconds before retry number ``attempt`` (1-based): doubling from ``base`` up to ``cap``."""
     return float(min(cap, base * 2 ** max(0, attempt - 1)))
@@ -110,6 +124,7 @@ class BeadWriter:
         self.settings = settings
         self._lanes: dict[str, deque[Write]] = {}
         self._draining: dict[str, asyncio.Task[None]] = {}
+        self.batches = UpdateBatcher(run, background, gather=WRITE_GATHER_SECONDS)
 
     def submit(self, bead_id: str, writes: list[Write]) -> None:
         if not writes:
@@ -127,6 +142,16 @@ class BeadWriter:
         """Return once no write to ``bead_id`` is queued or running."""
         while (drain := self._draining.get(bead_id)) is not None and not drain.done():
             await asyncio.wait([drain])
+
+    async def _attempt(self, args: Write, *, batched: bool) -> str | None:
+        """One try of a write: None when it landed, else what bd said."""
+        if batched and batchable(args):
+            why = await self.batches.update(args[1], tuple(args[2:]))
+            return None if why is None else f"bd update {args[1]}: {why}"
+        res = await self._run(args)
+        if res.code == 0:
+            return None
+        return f"bd {' '.join(args[:2])} exited {res.code}: {res.message}"
 
     def pending(self, bead_id: str) -> int:
         lane = self._lanes.get(bead_id)
@@ -146,14 +171,17 @@ class BeadWriter:
         attempts = self.settings.write_attempts
         for attempt in range(1, attempts + 1):
             try:
-                res = await self._run(args)
+                # A first try shares its bd call with the same change to other beads; a
+                # retry goes alone, so a failing bead never holds another up.
+                error = await self._attempt(args, batched=attempt == 1)
+            except BdRefused as exc:
+                error, permanent = str(exc), is_permanent(exc.reason)
             except BdError as exc:
                 error, permanent = str(exc), False
             else:
-                if res.code == 0:
+                if error is None:
                     return
-                error = f"bd {' '.join(args[:2])} exited {res.code}: {res.message}"
-                permanent = is_permanent(res.message)
+                permanent = is_permanent(error)
             last = permanent or attempt == attempts
             delay = 0.0 if last else retry_delay(attempt, base=self.settings.retry_seconds)
             self.bus.publish(

@@ -35,6 +35,13 @@ def is_issue_data(path: str) -> bool:
     return name not in _NOISE_NAMES and not name.endswith(_NOISE_SUFFIXES)
 
 
+def is_own_echo(now: float, *, writing: int, wrote_at: float | None, window: float) -> bool:
+    """Whether a change is probably gridd's own bd write showing up: one runs now, or one
+    ended less than ``window`` seconds ago. (Only how soon the change is read depends on
+    it: a change taken for an echo is still read, after the pause between reads.)"""
+    return writing > 0 or (wrote_at is not None and now - wrote_at < window)
+
+
 def _filter(change: Change, path: str) -> bool:
     return is_issue_data(path)
 

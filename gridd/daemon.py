@@ -132,8 +132,10 @@ def bind_socket(path: Path, *, backlog: int = 128) -> socket.socket:
 
 
 def check_profiles(settings: Settings, *, source: str) -> None:
-    """Every agent profile's adapter and its options, checked before anything starts."""
-    for name, profile in settings.profiles().items():
+    """Every configured agent profile's adapter and its options, checked before anything
+    starts. (The built-in profiles are known good: checking them would only load adapters
+    that no agent may ever use.)"""
+    for name, profile in settings.agents.items():
         try:
             get_adapter(profile.adapter, options=profile.adapter_options)
         except GriddError as exc:

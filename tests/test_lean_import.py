@@ -29,6 +29,7 @@ NOT_AT_REST = (
     "httpx",
     "importlib.metadata",
     "ctypes",
+    "sse_starlette",  # on the first GET /events
 )
 
 #: Runs the real daemon (``gridd``'s own ``main``) in this interpreter; once /health
@@ -105,7 +106,9 @@ def test_event_stream_module_leaves_uvicorn_main_importable() -> None:
     # blocked for anyone importing it later.
     loaded = _loaded(
         "import gridd.api.sse, sys\n"
-        "assert 'uvicorn.main' not in sys.modules\n"
+        "assert 'sse_starlette' not in sys.modules\n"
+        "gridd.api.sse.sse_library()\n"
+        "assert 'sse_starlette' in sys.modules and 'uvicorn.main' not in sys.modules\n"
         "import uvicorn.main\n"
         "assert sys.modules['uvicorn.main'] is uvicorn.main"
     )

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Generator
 from pathlib import Path
 
-from gridd import trust
+from gridd import lean, trust
 from gridd.adapters.registry import get_adapter
 from gridd.api import create_app
 from gridd.api.protocol import ConnectionGate, gridd_protocol
@@ -261,6 +261,7 @@ async def serve(ws: Workspace, settings: Settings, store: Store, sock: socket.so
 
     def started() -> None:
         _write_pid_file(ws.pid_path)
+        lean.gc_after_start()
         log.info(
             "gridd %s ready on %s (pid %d)", grid.version().version, ws.socket_path, os.getpid()
         )

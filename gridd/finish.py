@@ -117,14 +117,14 @@ class Finisher:
         """A run whose claim was lost while it ran: the work was never ours. Nothing is
         committed; the worktree and its branch go (the task is already cancelled)."""
         self.roster.release(agent.id)
-        self._settle(agent, status, run)
+        agent = self._settle(self.state.agents[agent.id], status, run)
         await self.worktrees.abandon(worktree)
         self.bus.publish(
             "agent.stopped",
             {
                 "agentId": agent.id,
                 "taskId": agent.task_id,
-                "reason": "claim lost",
+                "reason": agent.stop_reason or "claim lost",
                 "exitCode": status.code,
                 "committedWork": False,
             },

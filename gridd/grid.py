@@ -207,11 +207,13 @@ class Grid:
         self.bus.publish("daemon.started", {"pid": os.getpid(), "version": __version__})
         await self.worktrees.setup()
         self.workspace.runs_dir.mkdir(mode=0o700, exist_ok=True)
+        beads = self.beads.enabled()
+        if beads:  # before recovery: a run reattached with its claim unanswered asks again
+            self.pool.claimers[BEADS] = self.beads.claim
         await recover(state=self.state, pool=self.pool, worktrees=self.worktrees, bus=self.bus)
         self.executor.start()
-        if self.beads.enabled():
+        if beads:
             self.scheduler.more_work_may_arrive = True
-            self.pool.claimers[BEADS] = self.beads.claim
             self.beads.start()
         self.notifier.start()
         self.background.supervise("event-log-pruner", self._prune_loop)

@@ -133,6 +133,9 @@ class Agent(WireModel):
     current_tool: str | None = None  # the tool it uses now ("Bash: npm test")
     input_tokens: int | None = None  # tokens of this run so far, as the agent reports them
     output_tokens: int | None = None
+    # Started while its task's claim (beads) was still with the source: a daemon that dies
+    # before the answer asks again when it reattaches the run (``pool.spawning``).
+    claim_pending: bool = False
 
 
 class QuestionStatus(StrEnum):

@@ -191,3 +191,94 @@ def test_the_next_beads_are_claimed_ahead_and_given_back_when_the_session_stops(
         ]
         assert bd_issue(repo, "bd-race")["assignee"] == "rival"
         assert not [e for e in c.events(since=0, types=["beads.error"], read_timeout=1)]
+
+
+def test_a_daemon_killed_before_the_claims_answer_asks_again_and_a_loss_commits_nothing(
+    repo: Path,
+) -> None:
+    import contextlib
+
+    import httpx
+
+    from gridd.errors import DaemonUnreachable
+    from tests.helpers import restartable_daemon
+
+    agent = ["sh", "-c", "echo work > out.txt; sleep 60"]
+    extra = agent_config(agent, claim_ahead=0)
+    setup_beads(repo, [], extra=extra + '[daemon]\ncrash_points = ["spawn.started"]\n')
+    write_db(repo, [bead("bd-late", race=True)], delay={"bd-late": 1.0})
+    config = repo / ".grid" / "config.toml"
+    with restartable_daemon(repo) as grid:
+        c = grid.client()
+        wait_for(lambda: len(c.get("/tasks")) == 1, timeout=20, message="bead imported")
+        # The agent starts while its claim is with bd, and the daemon dies at once (kill -9).
+        with contextlib.suppress(DaemonUnreachable, httpx.TransportError):
+            c.post("/session/start", {"featureBranch": "beads-kill", "maxAgents": 1})
+        assert grid.daemon is not None
+        assert grid.daemon.proc.wait(30) is not None
+        config.write_text(setup_text := config.read_text().split("[daemon]")[0])
+        assert "crash_points" not in setup_text
+        grid.start()  # reattaches the run, asks bd again: the rival has the bead
+        wait_for(
+            lambda: c.get("/tasks")[0]["status"] == "cancelled",
+            timeout=30,
+            message="the loss learnt after the restart",
+        )
+        wait_for(lambda: not c.get("/agents"), timeout=30, message="the agent stopped")
+        events = list(c.events(since=0, types=["agent.completed", "agent.stopped"], read_timeout=1))
+        assert [e.type for e in events] == ["agent.stopped"]
+        assert events[0].data["reason"] == "claim lost" and not events[0].data["committedWork"]
+        assert not branch_exists(repo, "grid/bd-late")
+        assert bd_issue(repo, "bd-late")["assignee"] == "rival"
+
+
+def test_a_claim_bd_cannot_answer_while_its_agent_runs_stops_it_and_the_task_starts_afresh(
+    repo: Path,
+) -> None:
+    # The first claim fails as bd being down would (after 1 s, the agent running); the task
+    # goes back to ready as a first attempt, claims again, and its second run is the one kept.
+    agent = ["sh", "-c", 'echo "run $GRID_AGENT_ID" > out.txt; sleep 2']
+    extra = agent_config(agent, claim_ahead=0) + "[scheduler]\nbackoff_seconds = 0.05\n"
+    setup_beads(repo, [], extra=extra)
+    write_db(repo, [bead("bd-flaky")], delay={"bd-flaky": 1.0}, flaky={"bd-flaky": 1})
+    with running_daemon(repo) as d:
+        c = d.client()
+        wait_for(lambda: len(c.get("/tasks")) == 1, timeout=20, message="bead imported")
+        c.post("/session/start", {"featureBranch": "beads-flaky", "maxAgents": 1})
+        wait_for(lambda: c.get("/tasks")[0]["status"] == "review", timeout=60, message="second run")
+        task = c.get("/tasks")[0]
+        assert task["attempts"] == 1
+        types = ["agent.spawned", "agent.stopped", "agent.completed", "task.start_failed"]
+        events = [(e.type, e.data) for e in c.events(since=0, types=types, read_timeout=1)]
+        assert [t for t, _ in events] == [
+            "agent.spawned",
+            "task.start_failed",
+            "agent.stopped",
+            "agent.spawned",
+            "agent.completed",
+        ]
+        stopped = events[2][1]
+        assert stopped["reason"] == "claim unanswered" and not stopped["committedWork"]
+        kept = events[3][1]["agentId"]
+        # one commit on the branch: the second run's (the first run's work was not ours)
+        base = subprocess.run(
+            ["git", "merge-base", "beads-flaky", "grid/bd-flaky"],
+            cwd=repo, capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        log = subprocess.run(
+            ["git", "log", "--format=%s", f"{base}..grid/bd-flaky"],
+            cwd=repo, capture_output=True, text=True, check=True,
+        ).stdout.splitlines()  # fmt: skip
+        assert len(log) == 1
+        shown = subprocess.run(
+            ["git", "show", "grid/bd-flaky:out.txt"],
+            cwd=repo, capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert shown.strip() == f"run {kept}"
+        wait_for(
+            lambda: "gridd:review" in (bd_issue(repo, "bd-flaky").get("labels") or []),
+            timeout=20,
+            message="review mirrored",
+        )
+        assert bd_issue(repo, "bd-flaky")["status"] == "in_progress"
+        c.post("/session/stop")

@@ -113,6 +113,8 @@ class AgentPool:
         await self.spawner.start(task_id, profile_name)
 
     async def reattach(self, agent: Agent) -> None:
+        if agent.claim_pending:  # before its watcher can finish it
+            self.spawner.recheck_claim(agent)
         await self.reattacher.reattach(agent)
 
     def request_stop(self, agent_id: str, reason: str, *, force: bool = False) -> None:

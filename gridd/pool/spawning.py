@@ -139,10 +139,37 @@ class Spawner:
         stops it at once, and its finish commits nothing and removes its worktree."""
         outcome = await claim
         if outcome is True:
+            agent = self.ctx.state.agents.get(agent_id)
+            if agent is not None and agent.claim_pending:
+                self.ctx.state.update_agent(agent_id, claim_pending=False)
             return
         self.ctx.roster.disowned[task_id] = worktree
         self._not_ours(task_id, outcome)
-        self.watcher.stopper.request_stop(agent_id, "claim lost", force=True)
+        why = "claim unanswered" if isinstance(outcome, Exception) else "claim lost"
+        self.watcher.stopper.request_stop(agent_id, why, force=True)
+
+    def recheck_claim(self, agent: Agent) -> None:
+        """An earlier daemon started this run while its task's claim was in flight and died
+        before the answer: ask again (a claim bd already granted is granted again) before the
+        run is finished, and treat a loss as ``_own`` does."""
+        task = self.ctx.state.tasks.get(agent.task_id)
+        claimer = self.claimers.get(task.source) if task is not None else None
+        if task is None or claimer is None or task.branch is None:
+            return
+        worktree = Worktree(task.id, Path(agent.worktree_path), task.branch, task.base_commit or "")
+        claim = self.ctx.background.spawn(f"claim:{task.id}", _ask(claimer, task))
+        gate = self.ctx.roster.claims[task.id] = asyncio.get_running_loop().create_future()
+
+        async def answered() -> None:
+            try:
+                await self._own(task.id, agent.id, worktree, claim)
+            finally:
+                self.ctx.roster.claims.pop(task.id, None)
+                if not gate.done():
+                    gate.set_result(None)
+                self.ctx.state.flush()
+
+        self.ctx.background.spawn(f"claim-recheck:{task.id}", answered())
 
     def _not_ours(self, task_id: str, outcome: bool | Exception) -> None:
         """The claim was lost: the task is cancelled. Or bd could not answer: the task waits
@@ -251,6 +278,7 @@ class Spawner:
             run_dir=str(run_dir),
             adapter=profile.adapter,
             session_number=session_number,
+            claim_pending=claim is not None and not claim.done(),
         )
         self.ctx.state.put_agent(agent)  # the intent: found by a restart if we die now
         crash_point(self.ctx.settings, "spawn.recorded")

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Generator
 from pathlib import Path
 
-from gridd import trust
+from gridd import lean, trust
 from gridd.adapters.registry import get_adapter
 from gridd.api import create_app
 from gridd.api.protocol import ConnectionGate, gridd_protocol
@@ -132,8 +132,10 @@ def bind_socket(path: Path, *, backlog: int = 128) -> socket.socket:
 
 
 def check_profiles(settings: Settings, *, source: str) -> None:
-    """Every agent profile's adapter and its options, checked before anything starts."""
-    for name, profile in settings.profiles().items():
+    """Every configured agent profile's adapter and its options, checked before anything
+    starts. (The built-in profiles are known good: checking them would only load adapters
+    that no agent may ever use.)"""
+    for name, profile in settings.agents.items():
         try:
             get_adapter(profile.adapter, options=profile.adapter_options)
         except GriddError as exc:
@@ -259,6 +261,7 @@ async def serve(ws: Workspace, settings: Settings, store: Store, sock: socket.so
 
     def started() -> None:
         _write_pid_file(ws.pid_path)
+        lean.gc_after_start()
         log.info(
             "gridd %s ready on %s (pid %d)", grid.version().version, ws.socket_path, os.getpid()
         )

@@ -29,12 +29,14 @@ NOT_AT_REST = (
     "httpx",
     "importlib.metadata",
     "ctypes",
+    "sse_starlette",  # on the first GET /events
 )
 
 #: Runs the real daemon (``gridd``'s own ``main``) in this interpreter; once /health
-#: answers 200 it records sys.modules and stops the daemon the way SIGTERM does.
+#: answers 200 it records sys.modules (and whether the cycle collector is back on) and
+#: stops the daemon the way SIGTERM does.
 _RUN_AND_RECORD = r"""
-import json, os, signal, socket, sys, threading, time
+import gc, json, os, signal, socket, sys, threading, time
 from pathlib import Path
 
 root, out = Path(sys.argv[1]), Path(sys.argv[2])
@@ -53,7 +55,10 @@ def record_when_up():
     deadline = time.monotonic() + 60
     while not healthy(root / ".grid" / "gridd.sock") and time.monotonic() < deadline:
         time.sleep(0.01)
-    out.write_text(json.dumps(sorted(m for m, mod in sys.modules.items() if mod is not None)))
+    modules = sorted(m for m, mod in sys.modules.items() if mod is not None)
+    while not gc.isenabled() and time.monotonic() < deadline:  # paused for the start only
+        time.sleep(0.01)
+    out.write_text(json.dumps({"modules": modules, "gc": gc.isenabled()}))
     os.kill(os.getpid(), signal.SIGTERM)
 
 threading.Thread(target=record_when_up, daemon=True).start()
@@ -82,9 +87,11 @@ def test_daemon_at_rest_has_not_imported_rarely_used_libraries(repo: Path, tmp_p
         timeout=90,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    loaded = set(json.loads(record.read_text()))
+    recorded = json.loads(record.read_text())
+    loaded = set(recorded["modules"])
     assert "gridd.daemon" in loaded and "gridd.scheduler" in loaded  # it really ran
     assert sorted(m for m in NOT_AT_REST if m in loaded) == []
+    assert recorded["gc"] is True  # the collector, paused for the start, runs again
 
 
 def test_uvicorn_package_loads_whole_on_first_use_after_the_daemon_import() -> None:
@@ -105,7 +112,9 @@ def test_event_stream_module_leaves_uvicorn_main_importable() -> None:
     # blocked for anyone importing it later.
     loaded = _loaded(
         "import gridd.api.sse, sys\n"
-        "assert 'uvicorn.main' not in sys.modules\n"
+        "assert 'sse_starlette' not in sys.modules\n"
+        "gridd.api.sse.sse_library()\n"
+        "assert 'sse_starlette' in sys.modules and 'uvicorn.main' not in sys.modules\n"
         "import uvicorn.main\n"
         "assert sys.modules['uvicorn.main'] is uvicorn.main"
     )

@@ -9,32 +9,39 @@
     patterns           PatternsAdapter: {"pack": str, "auto_answer"?: {pattern id: response},
                        "send_prompt"?: bool}
 
-Every call returns a fresh instance: adapters keep per-run state and are never shared.
+Every call returns a fresh instance: adapters keep per-run state and are never shared. An
+adapter's module is imported by its factory, when a profile using it is first checked or
+run: a daemon at rest has not loaded adapters no agent uses.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gridd.adapters.base import Adapter
-from gridd.adapters.claude import PERMISSION_MODES, ClaudeAdapter
-from gridd.adapters.heartbeat import HeartbeatAdapter
-from gridd.adapters.patterns import PatternsAdapter
 from gridd.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gridd.adapters.base import Adapter
 
 
 def _heartbeat(options: dict[str, Any]) -> Adapter:
+    from gridd.adapters.heartbeat import HeartbeatAdapter
+
     _only(options, set(), "heartbeat")
     return HeartbeatAdapter()
 
 
 def _plain(options: dict[str, Any]) -> Adapter:
+    from gridd.adapters.heartbeat import HeartbeatAdapter
+
     _only(options, set(), "plain")
     return HeartbeatAdapter(name="plain")
 
 
 def _claude(options: dict[str, Any]) -> Adapter:
+    from gridd.adapters.claude import PERMISSION_MODES, ClaudeAdapter
+
     _only(
         options,
         {
@@ -81,6 +88,8 @@ def _tool_list(options: dict[str, Any], key: str) -> list[str]:
 
 
 def _patterns(options: dict[str, Any]) -> Adapter:
+    from gridd.adapters.patterns import PatternsAdapter
+
     _only(options, {"pack", "auto_answer", "send_prompt"}, "patterns")
     pack = options.get("pack")
     if not isinstance(pack, str) or not pack:

@@ -10,11 +10,12 @@ stream opens with a snapshot, so a client never has to race ``GET /state`` again
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
@@ -26,9 +27,8 @@ from gridd.events import BATCH_BYTES, Subscriber
 from gridd.grid import Grid
 from gridd.model import Event
 
-with without_uvicorn_cli():
+if TYPE_CHECKING:
     from sse_starlette import EventSourceResponse, ServerSentEvent
-    from sse_starlette.sse import SendTimeoutError
 
 SNAPSHOT = "state.snapshot"
 RESET = "reset"
@@ -96,7 +96,7 @@ class EventStream:
         self.sub: Subscriber | None = None
 
     def _snapshot(self) -> ServerSentEvent:
-        return ServerSentEvent(
+        return sse_library().event(
             data=self.grid.state_json().decode(), event=SNAPSHOT, id=str(self.last)
         )
 
@@ -118,7 +118,7 @@ class EventStream:
                 if self.since > latest or self.since < oldest - 1:
                     self.sub = bus.subscribe(types=self.types)
                     self.last = latest
-                    yield ServerSentEvent(
+                    yield sse_library().event(
                         data=_dumps(
                             {"requested": self.since, "oldestRetained": oldest, "latest": latest}
                         ),
@@ -197,27 +197,44 @@ def _sends(events: list[Event]) -> list[bytes]:
     return sends
 
 
-class _EventSourceResponse(EventSourceResponse):
-    """sse-starlette's response; a client too slow to take one send is dropped quietly.
+class _Library:
+    """sse-starlette's event and response classes, imported on the first stream: a daemon
+    nobody watches never loads them."""
 
-    It resumes with Last-Event-ID and loses nothing, so this is a warning, not a traceback.
-    (The protocol's stall guard usually aborts such a connection first; see api.protocol.)
-    """
+    def __init__(self) -> None:
+        with without_uvicorn_cli():
+            from sse_starlette import EventSourceResponse, ServerSentEvent
+            from sse_starlette.sse import SendTimeoutError
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        except SendTimeoutError:
-            log.warning(
-                "SSE client took longer than %ss to accept data; dropped", self.send_timeout
-            )
+        class _EventSourceResponse(EventSourceResponse):
+            """sse-starlette's response; a client too slow to take one send is dropped
+            quietly. It resumes with Last-Event-ID and loses nothing, so this is a warning,
+            not a traceback. (The protocol's stall guard usually aborts such a connection
+            first; see api.protocol.)"""
+
+            async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+                try:
+                    await super().__call__(scope, receive, send)
+                except SendTimeoutError:
+                    log.warning(
+                        "SSE client took longer than %ss to accept data; dropped",
+                        self.send_timeout,
+                    )
+
+        self.event = ServerSentEvent
+        self.response = _EventSourceResponse
+
+
+@functools.cache
+def sse_library() -> _Library:
+    return _Library()
 
 
 async def events_endpoint(request: Request) -> EventSourceResponse:
     grid: Grid = request.app.state.grid
     stream = EventStream(grid, since=parse_since(request), types=parse_types(request))
     settings = grid.settings.events
-    return _EventSourceResponse(
+    return sse_library().response(
         stream.__aiter__(),
         ping=settings.keepalive_seconds,
         # A backstop: the protocol aborts a peer stalled for send_timeout_seconds first.

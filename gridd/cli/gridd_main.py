@@ -41,9 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.check_state:
         return check_state(args.workspace)
-    from gridd.lean import without_pydantic_plugins
+    from gridd.lean import pause_gc_until_serving, without_pydantic_plugins
 
     without_pydantic_plugins()  # before the daemon's first pydantic model
+    pause_gc_until_serving()
     from gridd.daemon import run
 
     return run(args.workspace)

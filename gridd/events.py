@@ -161,7 +161,8 @@ class Subscriber:
             except asyncio.QueueEmpty:
                 return None
         try:
-            item = self._taken(await asyncio.wait_for(self.queue.get(), timeout))
+            async with asyncio.timeout(timeout):
+                item = self._taken(await self.queue.get())
         except TimeoutError:
             return None
         if item is None or self.dropped:
@@ -185,7 +186,10 @@ class Subscriber:
         queue = self.queue
         if queue.empty() and not self.closed:
             try:
-                first = self._taken(await asyncio.wait_for(queue.get(), timeout))
+                # ``timeout()``, not ``wait_for``: on Python 3.11 that makes a task per call,
+                # and a stream waits here once per batch it sends.
+                async with asyncio.timeout(timeout):
+                    first = self._taken(await queue.get())
             except TimeoutError:
                 return []
             if first is None or self.dropped or self.lagging:
@@ -251,6 +255,20 @@ class EventBus:
         event = self._store.append_event(type_, data or {})
         self._store.after_commit(lambda: self._fan_out(event))
         return event
+
+    def publish_many(self, type_: str, datas: list[dict[str, Any]]) -> list[Event]:
+        """``publish`` for many events of one type at once (one insert statement, one
+        fan-out callback), in order. The output pass publishes agents' chunks this way."""
+        if not datas:
+            return []
+        events = self._store.append_events(type_, datas)
+
+        def fan_out() -> None:
+            for event in events:
+                self._fan_out(event)
+
+        self._store.after_commit(fan_out)
+        return events
 
     def _fan_out(self, event: Event) -> None:
         self.last_id = event.id

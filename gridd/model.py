@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 
@@ -225,17 +225,43 @@ class RepoState(WireModel):
 
 
 class Event(WireModel):
-    """One entry of the durable event log; ``id`` increases strictly."""
+    """One entry of the durable event log; ``id`` increases strictly.
+
+    Its bookkeeping lives in ``__slots__``, not pydantic private attributes: every event is
+    touched several times on its way to each stream, and a private attribute costs a
+    Python-level ``__getattr__`` per read (2.5 us against 0.1 us), and its set-up on
+    construction more than the validation itself."""
+
+    __slots__ = ("_holders", "_json", "_nbytes", "_sse")
 
     id: int
     type: str
     data: dict[str, Any]
     ts: datetime
-    # Encodings computed once and shared by every stream that sends this event.
-    _json: str | None = PrivateAttr(default=None)
-    _sse: bytes | None = PrivateAttr(default=None)
-    _nbytes: int = PrivateAttr(default=256)  # the encoded payload's size, for queue budgets
-    _holders: int = PrivateAttr(default=0)  # subscriber queues holding it (the bus's budget)
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__(**values)
+        setattr_ = object.__setattr__
+        # Encodings computed once and shared by every stream that sends this event.
+        setattr_(self, "_json", None)
+        setattr_(self, "_sse", None)
+        setattr_(self, "_nbytes", 256)  # the encoded payload's size, for queue budgets
+        setattr_(self, "_holders", 0)  # subscriber queues holding it (the bus's budget)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _EVENT_SLOTS:  # bookkeeping: not a field, no pydantic machinery
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
+    if TYPE_CHECKING:
+        _json: str | None
+        _sse: bytes | None
+        _nbytes: int
+        _holders: int
+
+
+_EVENT_SLOTS = frozenset(Event.__slots__)
 
 
 class VersionInfo(WireModel):

@@ -48,6 +48,8 @@ class GridState:
         self._tasks_blob: bytes | None = None
         self._live_blob: bytes | None = None
         self._task_counts: tuple[dict[str, int], int] | None = None
+        #: Task id -> its first live agent's id (``agent_for_task``); None: rebuild.
+        self._by_task: dict[str, str] | None = None
 
     def _load_session(self) -> SessionState:
         raw = self.store.get_meta("session")
@@ -205,8 +207,12 @@ class GridState:
             for agent_id, seq, last in positions:
                 agent = self.agents.get(agent_id)
                 if agent is not None:
-                    update = {"output_seq": seq, "last_output": last}
-                    self._remember_agent(agent.model_copy(update=update))
+                    # In place (a copy per line costs more than the rest of the cache
+                    # update): two plain fields, nobody keeps an older value of them.
+                    fields = agent.__dict__
+                    fields["output_seq"] = seq
+                    fields["last_output"] = last
+                    self._remember_agent(agent)
 
         self.store.after_commit(remember)
 
@@ -221,18 +227,27 @@ class GridState:
         self._agent_json.pop(agent.id, None)
         self._live_blob = None
         if agent.status == AgentStatus.EXITED:
-            self.live.pop(agent.id, None)
+            if self.live.pop(agent.id, None) is not None:
+                self._by_task = None
         else:
+            if agent.id not in self.live:
+                self._by_task = None
             self.live[agent.id] = agent
 
     def live_agents(self) -> list[Agent]:
         return list(self.live.values())
 
     def agent_for_task(self, task_id: str) -> Agent | None:
-        for agent in self.live.values():
-            if agent.task_id == task_id and agent.status != AgentStatus.EXITED:
-                return agent
-        return None
+        """The (first) live agent of a task. Through an index built from ``live`` when its
+        members change: the radar asks for every live task each sweep, and a walk of
+        hundreds of agents per task made that quadratic."""
+        if self._by_task is None:
+            index: dict[str, str] = {}
+            for agent in self.live.values():
+                index.setdefault(agent.task_id, agent.id)
+            self._by_task = index
+        agent_id = self._by_task.get(task_id)
+        return self.live.get(agent_id) if agent_id is not None else None
 
     # -- session -------------------------------------------------------------------------------
 

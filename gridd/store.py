@@ -292,6 +292,31 @@ class Store:
         event._nbytes = len(payload)
         return event
 
+    def append_events(self, type_: str, datas: list[dict[str, Any]]) -> list[Event]:
+        """Many events of one type, one timestamp, one statement (``executemany``): the
+        output pass's chunks. Call inside a transaction."""
+        ts = utcnow()
+        stamp = isotime(ts)
+        first = self._next_event_id
+        events, rows = [], []
+        for n, data in enumerate(datas):
+            payload = json.dumps(data, separators=(",", ":"), default=str, allow_nan=False)
+            rows.append((first + n, type_, payload, stamp))
+            event = Event(id=first + n, type=type_, data=data, ts=ts)
+            event._json = payload
+            event._nbytes = len(payload)
+            events.append(event)
+        try:
+            self._conn.executemany(
+                "INSERT INTO events(id, type, data, ts) VALUES (?, ?, ?, ?)", rows
+            )
+        except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
+            if isinstance(exc, sqlite3.IntegrityError):
+                raise
+            raise self._noted(_store_error(exc)) from exc
+        self._next_event_id = first + len(rows)  # spent even if rolled back, as above
+        return events
+
     def events_after(
         self, since: int, *, types: Iterable[str] | None = None, limit: int = 500
     ) -> list[Event]:

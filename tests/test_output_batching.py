@@ -34,22 +34,19 @@ async def test_a_pass_the_store_refuses_publishes_nothing_of_any_agent_then_all_
             await until(lambda: all((control / f"t{i}.done").exists() for i in range(agents)))
             before = output_by_agent(grid)
             positions = {a: grid.state.agents[a].output_seq for a in ids}
-            real_append = Store.append_event
-            failing = ids[-1]  # the last agent's first chunk fails: the others' are in already
+            # Every agent's events are in the transaction when the positions fail.
+            real_save = Store.save_output_positions
 
-            def append_event(self: Store, type_: str, data: dict, *args: object) -> object:  # type: ignore[type-arg]
-                if data.get("agentId") == failing:
-                    raise StoreError(
-                        "the disk holding the state database is full", code="disk_full"
-                    )
-                return real_append(self, type_, data, *args)  # type: ignore[arg-type]
+            def save_output_positions(self: Store, rows: object) -> None:
+                assert grid.store.in_transaction
+                raise StoreError("the disk holding the state database is full", code="disk_full")
 
-            Store.append_event = append_event  # type: ignore[assignment,method-assign]
+            Store.save_output_positions = save_output_positions  # type: ignore[assignment,method-assign]
             try:
                 output.due = dict.fromkeys(ids)
                 published, _ = output.run_pass()
             finally:
-                Store.append_event = real_append  # type: ignore[method-assign]
+                Store.save_output_positions = real_save  # type: ignore[method-assign]
             assert published == 0
             assert output_by_agent(grid) == before  # no agent's chunk got out
             assert {a: grid.state.agents[a].output_seq for a in ids} == positions

@@ -55,11 +55,12 @@ class HeartbeatReader:
 
     def __init__(self, path: Path, offset: int = 0) -> None:
         self.path = path
+        self._path = str(path)  # stat'ed once per look at the run: no Path work there
         self.offset = offset
 
     def poll(self) -> tuple[list[Beat], list[str]]:
         try:
-            size = os.stat(self.path).st_size
+            size = os.stat(self._path).st_size
         except FileNotFoundError:
             return [], []
         if size < self.offset:

@@ -36,12 +36,26 @@ def _utf8_cut(data: bytes) -> int:
     return end if end - i >= need else i
 
 
+def _append(path: str, data: bytes) -> None:
+    """Append ``data`` whole (as ``open(path, "ab")`` would, without the file object)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
 class OutputLog:
     def __init__(self, run_dir: Path, *, writer: bool = True) -> None:
         """``writer``: the one watcher that indexes new output (and may repair the index);
         readers (the output endpoint) only look."""
         self.log_path = run_dir / "output.log"
         self.idx_path = run_dir / "chunks.idx"
+        # As strings: ``poll`` runs once per line an agent prints, and a Path costs there.
+        self._log = str(self.log_path)
+        self._idx = str(self.idx_path)
         self.seq = 0
         self.offset = 0
         try:
@@ -61,21 +75,22 @@ class OutputLog:
 
     def size(self) -> int:
         try:
-            return os.stat(self.log_path).st_size
+            return os.stat(self._log).st_size
         except FileNotFoundError:
             return 0
 
     def poll(self, *, max_chunks: int = 16, final: bool = False) -> list[Chunk]:
-        """Index and return new output (at most ``max_chunks`` chunks)."""
+        """Index and return new output (at most ``max_chunks`` chunks). Plain descriptor
+        calls (``pread``, an ``O_APPEND`` write): this runs for every line agents print."""
         size = self.size()
         if size <= self.offset:
             return []
         chunks: list[Chunk] = []
         records = bytearray()
-        with self.log_path.open("rb") as fh:
-            fh.seek(self.offset)
+        fd = os.open(self._log, os.O_RDONLY | os.O_CLOEXEC)
+        try:
             while len(chunks) < max_chunks and self.offset < size:
-                data = fh.read(min(MAX_CHUNK, size - self.offset))
+                data = os.pread(fd, min(MAX_CHUNK, size - self.offset), self.offset)
                 if not data:
                     break
                 # Only the very end of a finished run may split a character (it never
@@ -89,10 +104,10 @@ class OutputLog:
                 self.offset += len(data)
                 self.seq += 1
                 chunks.append(Chunk(self.seq, data.decode("utf-8", errors="replace")))
-                fh.seek(self.offset)
+        finally:
+            os.close(fd)
         if records:
-            with self.idx_path.open("ab") as idx:
-                idx.write(records)
+            _append(self._idx, bytes(records))
         return chunks
 
     def skip_to(self, seq: int) -> None:

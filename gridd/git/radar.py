@@ -75,11 +75,19 @@ def overlaps(
     since it branched (kind ``feature``)."""
     found: list[tuple[str, tuple[str, ...], list[str]]] = []
     ids = sorted(changed)
-    for i, a in enumerate(ids):
-        for b in ids[i + 1 :]:
-            common = changed[a] & changed[b]
-            if common:
-                found.append(("tasks", (a, b), sorted(common)))
+    # Through the files, not every pair of tasks: hundreds of live tasks that share
+    # nothing cost one pass over their files, not tens of thousands of intersections.
+    owners: dict[str, list[str]] = {}
+    for task_id in ids:
+        for path in changed[task_id]:
+            owners.setdefault(path, []).append(task_id)  # in ``ids`` order
+    shared: dict[tuple[str, str], list[str]] = {}
+    for path, tasks in owners.items():
+        for i, a in enumerate(tasks):
+            for b in tasks[i + 1 :]:
+                shared.setdefault((a, b), []).append(path)
+    for pair in sorted(shared):
+        found.append(("tasks", pair, sorted(shared[pair])))
     for task_id in ids:
         common = changed[task_id] & landed.get(task_id, frozenset())
         if common:

@@ -43,15 +43,14 @@ class RunReader:
         and each agent's new published position. They commit together, so a daemon killed
         after indexing them publishes exactly the rest on restart. (Subscribers see the
         events only once the transaction has committed.)"""
-        bus, agents = self.ctx.bus, self.ctx.state.agents
+        agents = self.ctx.state.agents
+        datas: list[dict[str, object]] = []
         positions: list[tuple[str, int, str]] = []
         for agent_id, polled in looked:
             if not polled.chunks:
                 continue
             for chunk in polled.chunks:
-                bus.publish(
-                    "agent.output", {"agentId": agent_id, "chunk": chunk.text, "seq": chunk.seq}
-                )
+                datas.append({"agentId": agent_id, "chunk": chunk.text, "seq": chunk.seq})
             last = next(
                 (ln for ln in reversed(polled.chunks[-1].text.splitlines()) if ln.strip()), ""
             )
@@ -59,6 +58,7 @@ class RunReader:
                 (agent_id, polled.chunks[-1].seq, last[-300:] or agents[agent_id].last_output)
             )
         if positions:
+            self.ctx.bus.publish_many("agent.output", datas)
             self.ctx.state.note_output(positions)
 
     def apply_rest(self, agent_id: str, run: RunWatch, polled: Poll) -> None:

@@ -237,11 +237,11 @@ class WatchSettings(_Section):
         description="Poll interval where notifications are off or unavailable (macOS)",
     )
     coalesce_seconds: float = Field(
-        default=0.01,
+        default=0.015,
         ge=0,
         le=1,
-        description="Notifications are read at most this often: what agents write within"
-        " the window is published in one batch (one transaction); 0: at once",
+        description="Notifications are read at most this often: a lone write at once, many"
+        " agents' writes in one batch (one transaction) per window; 0: always at once",
     )
 
 

@@ -132,3 +132,35 @@ def test_a_daemon_killed_mid_batch_publishes_exactly_the_rest_of_every_agent(
         assert [ch["seq"] for ch in chunks] == list(range(1, len(chunks) + 1))
         text = "".join(str(ch["chunk"]) for ch in chunks)
         assert text.encode() == (run_dir / "output.log").read_bytes()
+
+
+async def test_a_lone_write_is_read_at_once_and_writes_within_the_window_as_one_batch(
+    tmp_path: Path,
+) -> None:
+    from gridd.agents.wakeups import Wakeups
+
+    wakeups = Wakeups(coalesce_seconds=1.0)
+    wakeups.start()
+    try:
+        runs = []
+        for i in range(3):
+            run = tmp_path / f"run{i}"
+            run.mkdir()
+            runs.append(run)
+            wakeups.watch(run, unread=lambda: False, key=f"a{i}")
+        seen: list[str] = []
+        wakeups.on_data = lambda wake: seen.append(wake.key)
+        (runs[0] / "output.log").write_text("first\n")
+        await until(lambda: seen == ["a0"], what="the lone write")
+        assert wakeups._window is None  # read as it came: no window was opened
+        drains = wakeups.drains
+        # Within the window of that read: both wait for its end, then go as one batch.
+        (runs[1] / "output.log").write_text("second\n")
+        (runs[2] / "heartbeat.ndjson").write_text('{"status": "working"}\n')
+        (runs[0] / "chunks.idx").write_bytes(b"\0" * 16)  # the daemon's own: never counts
+        await until(lambda: wakeups._window is not None, what="a window")
+        assert seen == ["a0"]
+        await until(lambda: len(seen) == 3, what="the batch")
+        assert sorted(seen[1:]) == ["a1", "a2"] and wakeups.drains == drains + 1
+    finally:
+        wakeups.close()

@@ -18,8 +18,9 @@ Three sources report them:
   each run directory. Its events are read straight off the descriptor (16 bytes and a name
   each; the library's per-event objects cost more than the rest of the wake-up) and only
   the run's own files count: ``chunks.idx`` is the daemon's own writing. With
-  ``coalesce_seconds`` the descriptor is read at most that often: the first notice starts
-  the window, what arrives within it is read at its end, in one batch.
+  ``coalesce_seconds`` the descriptor is read at most that often: a notice arriving
+  later than that after the last batch is read at once, one arriving sooner waits for
+  the window to end, together with whatever else arrives meanwhile.
 - **the shim's death**: a pidfd (Linux) becomes readable when the shim exits, even when it
   was killed before writing ``exit.json``.
 - **the safety net**: one sweep every ``sweep_seconds`` asks every run whether it holds
@@ -156,6 +157,7 @@ class Wakeups:
         self._retired = WakeCounts()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._window: asyncio.TimerHandle | None = None  # a coalescing window is open
+        self._last_drain = float("-inf")  # loop time of the last batch of notifications
 
     # -- set-up ----------------------------------------------------------------------------
 
@@ -298,13 +300,20 @@ class Wakeups:
     # -- the sources ---------------------------------------------------------------------------
 
     def _readable(self) -> None:
-        """Notifications are waiting: read them now, or at the end of a coalescing window
-        (the descriptor is not watched meanwhile, so a burst costs one loop wake-up)."""
-        if self.coalesce_seconds <= 0 or self._loop is None or self._inotify is None:
+        """Notifications are waiting: read them now if the last batch was read at least
+        ``coalesce_seconds`` ago, else when that much time has passed (the descriptor is
+        not watched meanwhile, so a burst costs one loop wake-up). A lone write is read
+        at once; many agents writing are read in batches, at most one per window."""
+        loop = self._loop
+        if self.coalesce_seconds <= 0 or loop is None or self._inotify is None:
             self._drain()
             return
-        self._loop.remove_reader(self._inotify.fd)
-        self._window = self._loop.call_later(self.coalesce_seconds, self._window_closed)
+        due = self._last_drain + self.coalesce_seconds
+        if loop.time() >= due:
+            self._drain()
+            return
+        loop.remove_reader(self._inotify.fd)
+        self._window = loop.call_at(due, self._window_closed)
 
     def _window_closed(self) -> None:
         self._window = None
@@ -320,6 +329,8 @@ class Wakeups:
         per batch) and wake the watchers of runs whose ``exit.json`` arrived."""
         assert self._inotify is not None
         self.drains += 1
+        if self._loop is not None:
+            self._last_drain = self._loop.time()
         fd, by_wd = self._inotify.fd, self._by_wd
         data: dict[int, Wakeup] = {}
         while True:

@@ -171,8 +171,9 @@ class BeadsSource:
             self._urgent.clear()
             poll = self.settings.poll_seconds or None  # 0: no poll, only the watch
             delay = poll
+            added = 0
             try:
-                await self.sync()
+                added = await self.sync()
                 self.failures = 0
             except BdError as exc:
                 self.failures += 1
@@ -185,7 +186,11 @@ class BeadsSource:
                 pass
             # The echoes of gridd's own claims and writes (which make nothing new ready, but
             # come in bursts) are read once per SYNC_GAP_SECONDS at most; any other change
-            # (a new bead, most likely) is read at once, even during such a pause.
+            # (a new bead, most likely) is read at once, even during such a pause; but a
+            # change seen while a read that found new beads ran was most likely those beads:
+            # it is read after the pause, not beside their agents' starts.
+            if added:
+                self._urgent.clear()
             since = time.monotonic() - (self.last_sync or 0.0)
             if since < SYNC_GAP_SECONDS and not self._urgent.is_set():
                 try:

@@ -13,13 +13,14 @@ Called by ``gridd``'s entry point before anything of the daemon is imported:
   long-lived objects (classes, functions, validators); the collector ran ~100 times over
   them and found next to nothing: a tenth of the start's CPU. It is paused until the
   daemon serves (``gc_after_start``, called by the daemon once its socket answers), then
-  runs once and is back as usual.
+  is back as usual, with one full collection a second later.
 
 uvicorn's command line is kept out the same way, by ``gridd.api.uvicorn_core``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import sys
 import types
@@ -51,9 +52,15 @@ def pause_gc_until_serving() -> None:
     gc.disable()
 
 
+#: Seconds after the daemon serves when the start's leftovers are collected: not at once,
+#: where a full collection would hold up the first requests.
+COLLECT_AFTER_START = 1.0
+
+
 def gc_after_start() -> None:
-    """The daemon serves: collect what the start left behind and resume collecting. Does
-    nothing to a collector nobody paused (a daemon run another way, as tests do)."""
+    """The daemon serves: resume collecting, and collect what the start left behind a
+    moment later (called on the event loop). Does nothing to a collector nobody paused (a
+    daemon run another way, as tests do)."""
     if not gc.isenabled():
-        gc.collect()
         gc.enable()
+        asyncio.get_running_loop().call_later(COLLECT_AFTER_START, gc.collect)

@@ -282,3 +282,29 @@ def test_a_claim_bd_cannot_answer_while_its_agent_runs_stops_it_and_the_task_sta
         )
         assert bd_issue(repo, "bd-flaky")["status"] == "in_progress"
         c.post("/session/stop")
+
+
+def test_a_bd_whose_reads_touch_its_own_files_is_not_read_in_a_loop(repo: Path) -> None:
+    # Every bd call (reads too) writes a file under .beads/ that looks like issue data: each
+    # read's own echo is a change that is not gridd's write. It may hurry one read per
+    # second; the rest keep the pause between reads (at most 5 a second).
+    setup_beads(repo, [bead("bd-0")])
+    noisy = ["sh", "-c", 'date +%N > .beads/side-effect.dat; exec "$0" "$@"']
+    config = repo / ".grid" / "config.toml"
+    text = config.read_text().replace("poll_seconds = 0.2", "poll_seconds = 0")
+    command = json.dumps([*noisy, sys.executable, str(FAKE_BD)])
+    config.write_text(text.replace(text.split("\n")[2], f"command = {command}"))
+    with running_daemon(repo) as d:
+        c = d.client()
+        wait_for(lambda: len(c.get("/tasks")) == 1, timeout=20, message="first sync")
+
+        def readies() -> int:
+            return sum(1 for call in bd_calls(repo) if call[0] == "ready")
+
+        write_db(repo, [bead("bd-0"), bead("bd-1")])  # a change: the reads begin
+        wait_for(lambda: len(c.get("/tasks")) == 2, timeout=20, message="the watch saw it")
+        before = readies()
+        import time
+
+        time.sleep(2.0)  # a bound on what happens over a span: nothing to await
+        assert readies() - before <= 14

@@ -36,6 +36,7 @@ from tests.helpers import (
     read_json_file,
     restartable_daemon,
     running_daemon,
+    start_daemon,
     wait_for,
     wait_task_status,
     write_core_config,
@@ -111,7 +112,9 @@ def test_runs_never_overlap_in_a_worktree_across_repeated_mid_spawn_kills(repo: 
         assert grid.daemon is not None
         assert grid.daemon.proc.wait(30) is not None
         _config(repo, crash="spawn.started")
-        grid.start()  # fences the first run, spawns again, dies right after
+        # fences the first run, spawns again, dies right after: maybe before /health was
+        # ever seen to answer, so the start does not wait for it
+        grid.daemon = start_daemon(repo, wait=False)
         assert grid.daemon.proc.wait(30) is not None
         _config(repo, crash=None)
         grid.start()

@@ -123,10 +123,11 @@ class Spawner:
         try:
             await self._spawn(task_id, profile_name, adapter, making=making, claim=claim)
         except Exception:
-            # A start that failed for a task that turns out not to be ours is no attempt.
-            if claim is None or (outcome := await claim) is True:
-                raise
-            self._not_ours(task_id, outcome)
+            # A start that failed for a task that turns out not to be ours is no attempt;
+            # what went wrong is still reported (``start``), the task no longer working.
+            if claim is not None and (outcome := await claim) is not True:
+                self._not_ours(task_id, outcome)
+            raise
         finally:
             gate = self.ctx.roster.claims.pop(task_id, None) if claim is not None else None
             if gate is not None and not gate.done():

@@ -42,6 +42,8 @@ SYNC_GAP_SECONDS = 0.2
 #: A change seen while one of gridd's own bd writes runs, or this soon after one ended, is
 #: taken for that write's echo (``beads_watch.is_own_echo``).
 OWN_ECHO_SECONDS = 0.1
+#: A change that is not an echo skips the pause between reads at most this often.
+HURRY_SECONDS = 1.0
 #: Refused beads remembered (so each is reported once) before the memory starts over.
 REFUSED_LIMIT = 10_000
 __all__ = ["SOURCE", "BdError", "BdResult", "BeadsSource", "bead_task_fields", "parse_ready"]
@@ -111,6 +113,7 @@ class BeadsSource:
         self._urgent = asyncio.Event()
         self._writing = 0
         self._wrote_at: float | None = None
+        self._hurried_at: float | None = None
         self.writer = BeadWriter(
             run=lambda args: self.bd(*args), bus=bus, background=background, settings=settings
         )
@@ -171,8 +174,9 @@ class BeadsSource:
             self._urgent.clear()
             poll = self.settings.poll_seconds or None  # 0: no poll, only the watch
             delay = poll
+            added = 0
             try:
-                await self.sync()
+                added = await self.sync()
                 self.failures = 0
             except BdError as exc:
                 self.failures += 1
@@ -183,15 +187,30 @@ class BeadsSource:
                 await asyncio.wait_for(self._poke.wait(), delay)
             except TimeoutError:
                 pass
-            # The echoes of gridd's own claims and writes (which make nothing new ready, but
-            # come in bursts) are read once per SYNC_GAP_SECONDS at most; any other change
-            # (a new bead, most likely) is read at once, even during such a pause.
-            since = time.monotonic() - (self.last_sync or 0.0)
-            if since < SYNC_GAP_SECONDS and not self._urgent.is_set():
-                try:
-                    await asyncio.wait_for(self._urgent.wait(), SYNC_GAP_SECONDS - since)
-                except TimeoutError:
-                    pass
+            await self._pause(found=added > 0)
+
+    async def _pause(self, *, found: bool) -> None:
+        """The pause before the next read. The echoes of gridd's own claims and writes
+        (which make nothing new ready, but come in bursts) are read once per
+        SYNC_GAP_SECONDS at most. Any other change (a new bead, most likely) is read at once,
+        even during such a pause, but at most once per HURRY_SECONDS: a bd whose reads touch
+        its own files must not make gridd read in a loop. A change seen while a read that
+        found new beads ran was most likely those beads: it waits, not to compete with
+        their agents' starts."""
+        if found:
+            self._urgent.clear()
+        now = time.monotonic()
+        wait = SYNC_GAP_SECONDS - (now - (self.last_sync or 0.0))
+        if wait <= 0:
+            return
+        if self._hurried_at is not None and now - self._hurried_at < HURRY_SECONDS:
+            await asyncio.sleep(wait)
+            return
+        try:
+            await asyncio.wait_for(self._urgent.wait(), wait)
+        except TimeoutError:
+            return
+        self._hurried_at = time.monotonic()
 
     async def sync(self) -> int:
         """One ``bd ready`` poll; returns how many tasks were added."""

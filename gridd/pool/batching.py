@@ -136,11 +136,15 @@ class OutputPass:
                 self.transactions += 1
                 with self.ctx.state.store.transaction():
                     self.reader.publish_output([(a, p) for a, _, p in looked])
-            except StoreError as exc:
+            except Exception as exc:  # a full disk, or a bug: nothing read is dropped
+                why = exc.message if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
                 for agent_id, run, polled in looked:
                     run.hold(polled)
-                    self._pause(agent_id, exc.message)
-                log.error("publishing agent output: %s; trying again", exc.message)
+                    self._pause(agent_id, why)
+                if isinstance(exc, StoreError):
+                    log.error("publishing agent output: %s; trying again", why)
+                else:
+                    log.exception("publishing agent output failed; trying again")
                 return 0, bool(self.due)
         for agent_id, run, polled in looked:
             self._settled(agent_id)

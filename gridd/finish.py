@@ -19,6 +19,7 @@ from gridd.agents.output import OutputLog
 from gridd.agents.watch import RunWatch
 from gridd.errors import GriddError
 from gridd.events import EventBus
+from gridd.ids import kept_branch
 from gridd.lifecycle import move_agent, move_task
 from gridd.model import Agent, AgentStatus, Task, TaskStatus, utcnow
 from gridd.outcome import (
@@ -114,19 +115,27 @@ class Finisher:
     async def _disowned(
         self, agent: Agent, status: ExitStatus, run: RunWatch, worktree: Worktree
     ) -> None:
-        """A run whose claim was lost while it ran: the work was never ours. Nothing is
-        committed; the worktree and its branch go (the task is already cancelled)."""
+        """A run whose claim was lost (or never answered) while it ran: the work was never
+        the task's. Nothing reaches the task's branch; whatever the agent did is kept on a
+        branch of its own (``keptBranch``) for a human to look at, and the worktree goes
+        so the task's next attempt (if any) starts afresh."""
         self.roster.release(agent.id)
         agent = self._settle(self.state.agents[agent.id], status, run)
-        await self.worktrees.abandon(worktree)
+        reason = agent.stop_reason or "claim lost"
+        kept = await self.worktrees.set_aside(
+            worktree,
+            keep_as=kept_branch(agent.task_id, agent.id),
+            message=f"gridd: work of agent {agent.id} on {agent.task_id}, kept ({reason})",
+        )
         self.bus.publish(
             "agent.stopped",
             {
                 "agentId": agent.id,
                 "taskId": agent.task_id,
-                "reason": agent.stop_reason or "claim lost",
+                "reason": reason,
                 "exitCode": status.code,
                 "committedWork": False,
+                "keptBranch": kept,
             },
         )
 

@@ -16,6 +16,8 @@ from gridd.errors import ValidationFailed
 #: Matched with ``fullmatch``: ``$`` alone would let a trailing newline through.
 TASK_ID_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 BRANCH_PREFIX = "grid/"
+#: Where work that was never a task's is kept (a run whose beads claim was lost).
+KEPT_BRANCH_PREFIX = "grid-kept/"
 _SLUG_RE = re.compile(r"[^a-z0-9]+")
 # Feature branches are chosen by users and may contain slashes; keep them conservative.
 FEATURE_BRANCH_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")
@@ -70,3 +72,8 @@ def new_task_id(title: str = "") -> str:
 
 def task_branch(task_id: str) -> str:
     return f"{BRANCH_PREFIX}{task_id}"
+
+
+def kept_branch(task_id: str, agent_id: str) -> str:
+    """The branch keeping what an agent did for a task that was never its own."""
+    return f"{KEPT_BRANCH_PREFIX}{task_id}-{agent_id}"

@@ -249,11 +249,35 @@ class Worktrees:
         res = await git(path, "diff", "--name-only", f"{base}..HEAD", "--")
         return sorted(line for line in res.out.splitlines() if line)
 
-    async def abandon(self, worktree: Worktree) -> None:
-        """Remove a worktree and its branch whatever they hold. Only for a run that was
-        never ours (its beads claim was lost while it ran); anything else uses ``discard``."""
+    async def set_aside(self, worktree: Worktree, keep_as: str, message: str) -> str | None:
+        """Take a worktree out of its task's way without losing what it holds: for a run
+        that was never ours (its beads claim was lost, or never answered, while it ran).
+
+        Anything left in it is committed; a branch holding commits of its own is renamed to
+        ``keep_as`` (never merged, never deleted: a human decides), and one holding nothing
+        is deleted. The worktree itself goes, so the task can start afresh on its own
+        branch. Returns the kept branch, or None when there was nothing to keep."""
+        kept: str | None = None
+        if (worktree.path / ".git").exists():
+            try:
+                await self.record(worktree.path, message)
+            except GitError as exc:
+                # It could not be recorded: the worktree and its branch stay as they are.
+                log.warning("setting aside %s: %s", worktree.path, exc.message)
+                return worktree.branch
+        ref = f"refs/heads/{worktree.branch}"
+        ahead = await git(self.root, "merge-base", "--is-ancestor", ref, worktree.base, check=False)
+        if ahead.code == 1:  # the branch has commits its base lacks
+            kept = keep_as
         await git(self.root, "worktree", "remove", "--force", "--", str(worktree.path), check=False)
-        await git(self.root, "branch", "-D", "--", worktree.branch, check=False)
+        if kept is not None:
+            moved = await git(self.root, "branch", "-m", "--", worktree.branch, kept, check=False)
+            if moved.code != 0:
+                log.warning("keeping %s as %s: %s", worktree.branch, kept, moved.err.strip())
+                return worktree.branch
+        else:
+            await git(self.root, "branch", "-D", "--", worktree.branch, check=False)
+        return kept
 
     async def discard(self, worktree: Worktree) -> bool:
         """Remove a worktree made for a task that never ran, and its branch, but only while

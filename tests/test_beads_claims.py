@@ -27,6 +27,15 @@ def agent_config(command: list[str], **beads: object) -> str:
     return "\n".join(lines) + f"\n[agents.worker]\ncommand = {json.dumps(command)}\n"
 
 
+def kept_file(repo: Path, stopped: dict[str, object], path: str = "out.txt") -> str:
+    """What the run set aside by ``agent.stopped`` left in ``path`` on its kept branch."""
+    branch = stopped["keptBranch"]
+    assert branch == f"grid-kept/{stopped['taskId']}-{stopped['agentId']}"
+    return subprocess.run(
+        ["git", "show", f"{branch}:{path}"], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout
+
+
 def branch_exists(repo: Path, branch: str) -> bool:
     out = subprocess.run(
         ["git", "branch", "--list", branch], cwd=repo, capture_output=True, text=True, check=True
@@ -87,7 +96,7 @@ def test_claims_made_while_a_bd_call_is_under_way_go_in_the_next_call(tmp_path: 
     assert claims == [["update", "a", "--claim", "--json"], ["update", "b", "--claim", "--json"]]
 
 
-def test_a_claim_lost_while_its_agent_runs_stops_it_commits_nothing_and_leaves_the_bead(
+def test_a_claim_lost_while_its_agent_runs_stops_it_keeps_its_work_aside_and_leaves_the_bead(
     repo: Path,
 ) -> None:
     # bd answers the claims after 1.5 s, by which time both agents have started: bd-quick's
@@ -133,6 +142,8 @@ def test_a_claim_lost_while_its_agent_runs_stops_it_commits_nothing_and_leaves_t
             # the claim was the only write naming it: gridd left the rival's bead alone
             writes = [call for call in bd_calls(repo) if call[0] != "ready" and bead_id in call]
             assert len(writes) == 1 and "--claim" in writes[0]
+        # Never the task's, never thrown away: each run's work is on a branch of its own.
+        assert [kept_file(repo, s).strip() for s in stopped] == ["work", "work"]
         assert not c.get("/agents")  # none live
         c.post("/session/stop")
 
@@ -229,6 +240,7 @@ def test_a_daemon_killed_before_the_claims_answer_asks_again_and_a_loss_commits_
         assert [e.type for e in events] == ["agent.stopped"]
         assert events[0].data["reason"] == "claim lost" and not events[0].data["committedWork"]
         assert not branch_exists(repo, "grid/bd-late")
+        assert kept_file(repo, events[0].data).strip() == "work"
         assert bd_issue(repo, "bd-late")["assignee"] == "rival"
 
 
@@ -259,6 +271,7 @@ def test_a_claim_bd_cannot_answer_while_its_agent_runs_stops_it_and_the_task_sta
         ]
         stopped = events[2][1]
         assert stopped["reason"] == "claim unanswered" and not stopped["committedWork"]
+        assert kept_file(repo, stopped).strip() == f"run {stopped['agentId']}"
         kept = events[3][1]["agentId"]
         # one commit on the branch: the second run's (the first run's work was not ours)
         base = subprocess.run(

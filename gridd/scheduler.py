@@ -16,6 +16,7 @@ reconcile, which makes every decision observable one at a time.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import time
 from collections.abc import Callable
@@ -86,6 +87,8 @@ class Scheduler:
         self.idle_passes = 0
         self._last_key: tuple[object, ...] | None = None
         self._next_resume: float | None = None  # earliest rate-limit reset (epoch seconds)
+        self._deadlines_key: tuple[object, ...] | None = None
+        self._deadlines_cache: list[tuple[float, str]] = []
         #: True when tasks can appear on their own (beads): never stop a session as idle.
         self.more_work_may_arrive = False
         self.last_pass_seconds = 0.0
@@ -191,22 +194,35 @@ class Scheduler:
             profile.timeout_seconds if profile else None
         )
 
+    def _deadlines(self) -> list[tuple[float, str]]:
+        """Every live agent's timeout deadline (monotonic), soonest first. Rebuilt only
+        when something it depends on changed (a state revision, an agent started or
+        reattached, the profiles), not on every pass: the idle check stays O(1) per pass
+        with hundreds of live agents."""
+        key = (self.state.revision, len(self.pool.started_mono), id(self.pool.profiles))
+        if key != self._deadlines_key:
+            deadlines = []
+            for agent in self.state.live_agents():
+                limit = self._timeout(agent.task_id, agent.profile)
+                started = self.pool.started_mono.get(agent.id)
+                if limit is not None and started is not None:
+                    deadlines.append((started + limit, agent.id))
+            deadlines.sort()
+            self._deadlines_cache, self._deadlines_key = deadlines, key
+        return self._deadlines_cache
+
     def _idle_key(self) -> tuple[object, ...]:
         """What can change the plan without a state revision: time-based facts only."""
         now = time.monotonic()
         expired = sum(1 for t in self.pool.not_before.values() if t <= now)
-        overdue = []
-        for agent in self.state.live_agents():
-            limit = self._timeout(agent.task_id, agent.profile)
-            started = self.pool.started_mono.get(agent.id)
-            if limit is not None and started is not None and now - started > limit:
-                overdue.append(agent.id)
+        deadlines = self._deadlines()
+        overdue = bisect.bisect_left(deadlines, (now, ""))  # deadline < now: overdue
         resume_due = self._next_resume is not None and time.time() >= self._next_resume
         return (
             self.state.revision,
             self.ws.stop_file.exists(),
             expired,
-            tuple(overdue),
+            tuple(agent_id for _, agent_id in deadlines[:overdue]),
             resume_due,
         )
 

@@ -8,13 +8,14 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
 
 from gridd.api import resources as _resources  # noqa: F401  (registers its routes)
 from gridd.api.errors import EXCEPTION_HANDLERS
 from gridd.api.health import HealthBody
 from gridd.api.metrics_http import RequestTimer
 from gridd.api.spec import grid_of, table, wire
-from gridd.api.sse import events_endpoint
+from gridd.api.sse import RAW_SEND, events_endpoint
 from gridd.grid import Grid
 from gridd.model import RepoState, VersionInfo
 
@@ -58,8 +59,17 @@ async def openapi(request: Request) -> Response:
     return JSONResponse(document)
 
 
+class GriddApp(Starlette):
+    """Starlette, keeping the server's own ``send`` in the scope (``RAW_SEND``) so that an
+    event stream's body bypasses the middleware wrappers once its response has started."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[RAW_SEND] = send
+        await super().__call__(scope, receive, send)
+
+
 def create_app(grid: Grid) -> Starlette:
-    app = Starlette(
+    app = GriddApp(
         # /health first: it is asked most often, and routes are matched in order.
         routes=table.routes(first=("/health",)),
         exception_handlers=EXCEPTION_HANDLERS,

@@ -10,6 +10,7 @@ stream opens with a snapshot, so a client never has to race ``GET /state`` again
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -18,7 +19,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from gridd.api.errors import query_int
 from gridd.api.uvicorn_core import without_uvicorn_cli
@@ -197,6 +198,32 @@ def _sends(events: list[Event]) -> list[bytes]:
     return sends
 
 
+#: Where the ASGI server's own ``send`` waits in the scope (``gridd.api.app.GriddApp``).
+RAW_SEND = "gridd.raw_send"
+
+
+def direct_after_start(scope: Scope, send: Send) -> Send:
+    """``send``, but once the response has started, straight to the server's own ``send``.
+
+    Every message otherwise passes through each middleware's wrapper (errors, the request
+    timer, exception handling: four coroutine layers) on every batch of every stream. They
+    only look at ``http.response.start``, which still goes through them all."""
+    raw: Send | None = scope.get(RAW_SEND)
+    if raw is None:
+        return send
+    started = False
+
+    async def send_direct(message: Message) -> None:
+        nonlocal started
+        if started:
+            await raw(message)
+            return
+        await send(message)
+        started = message["type"] == "http.response.start"
+
+    return send_direct
+
+
 class _Library:
     """sse-starlette's event and response classes, imported on the first stream: a daemon
     nobody watches never loads them."""
@@ -214,12 +241,24 @@ class _Library:
 
             async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
                 try:
-                    await super().__call__(scope, receive, send)
+                    await super().__call__(scope, receive, direct_after_start(scope, send))
                 except SendTimeoutError:
                     log.warning(
                         "SSE client took longer than %ss to accept data; dropped",
                         self.send_timeout,
                     )
+
+            async def _send_with_timeout(self, send: Send, message: Message) -> None:
+                """As sse-starlette's, with asyncio's timeout: its anyio cancel scope
+                cost more than the rest of a send (one per batch per stream)."""
+                if self.send_timeout is None:
+                    await send(message)
+                    return
+                try:
+                    async with asyncio.timeout(self.send_timeout):
+                        await send(message)
+                except TimeoutError:
+                    raise SendTimeoutError() from None
 
         self.event = ServerSentEvent
         self.response = _EventSourceResponse

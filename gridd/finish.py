@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from gridd.agents.executor import ExitStatus
@@ -69,6 +69,9 @@ class Finisher:
         self.profiles = profiles
         self.worktrees = worktrees
         self.questions = questions
+        #: Agent id -> its task's recent failure times, this run's failure included: what
+        #: the run's outcome was decided on, written when the run is settled.
+        self._failure_times: dict[str, list[datetime]] = {}
 
     async def finish(self, agent_id: str, status: ExitStatus, run: RunWatch) -> None:
         agent = self.state.agents[agent_id]
@@ -192,6 +195,9 @@ class Finisher:
             else "the agent exited before an answer",
         )
         task = self.state.tasks.get(agent.task_id)
+        failures = self._failure_times.pop(agent.id, None)
+        if failures is not None and task is not None:
+            task = self.state.update_task(task.id, failure_times=failures)
         if cost and task is not None:
             self.state.update_task(task.id, cost_usd=task.cost_usd + cost)
         if cost:
@@ -210,7 +216,10 @@ class Finisher:
             now = utcnow()
             window = timedelta(seconds=self.settings.scheduler.flap_window_seconds)
             times = [t for t in task.failure_times if now - t <= window] + [now]
-            task = self.state.update_task(task.id, failure_times=times)
+            # Written when the run is settled (``_settle``), not here: a finish cut short
+            # between the two (a stopping daemon, a kill) is finished again on the next
+            # start, and would count this failure twice.
+            self._failure_times[agent.id] = times
             recent = len(times)
         return RunFacts(
             exit_code=status.exit_code,

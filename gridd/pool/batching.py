@@ -13,8 +13,9 @@ the whole queue each time round:
    point publishes exactly the rest on restart, as with one transaction per run;
 3. then, run by run, what the looks mean besides output (``RunReader.apply_rest``).
 
-A pass reads at most ``PASS_BYTES`` (a flood's 1 MiB looks take turns with everyone else);
-a run that had more to give is queued again, and the pass waits for the event streams'
+A pass looks at each run once and stops taking runs after ``PASS_BYTES`` (a flood's 1 MiB
+looks take turns with everyone else); a run that had more to give is queued again for the
+next pass, and the pass waits for the event streams'
 readers first (``OutputPacer``). A store that refuses the transaction (a full disk) keeps
 every look (``RunWatch.hold``, nothing lost and nothing fed to an adapter twice) and the
 runs are tried again with backoff, named in ``paused`` meanwhile (a ``/health`` warning).
@@ -103,6 +104,7 @@ class OutputPass:
         self.passes += 1
         runs = self.ctx.roster.runs
         looked: list[tuple[str, RunWatch, Poll]] = []
+        again: list[str] = []  # runs whose look was full: queued after this pass
         read = 0
         while self.due and read < PASS_BYTES:
             agent_id = next(iter(self.due))
@@ -130,7 +132,11 @@ class OutputPass:
             size = sum(len(c.text) for c in polled.chunks)
             read += size
             if len(polled.chunks) >= MAX_CHUNKS_PER_LOOK:
-                self.due[agent_id] = None  # more may be waiting: after everyone else
+                # More may be waiting: in the next pass, after everyone else. One look per
+                # run per pass, so a pass holds at most PASS_BYTES and one look's worth.
+                again.append(agent_id)
+        for agent_id in again:
+            self.due[agent_id] = None
         if any(polled.chunks for _, _, polled in looked):
             try:
                 self.transactions += 1

@@ -6,8 +6,8 @@ Order matters and is the point of this module:
 3. bind ``gridd.sock`` ourselves under umask 0o177, removing a leftover socket only when
    ``connect()`` proves nobody is behind it;
 4. serve with uvicorn on that socket; write ``gridd.pid`` once it accepts connections;
-5. on SIGTERM/SIGINT/``POST /shutdown``: end SSE streams, stop accepting, flush, remove
-   the socket and pid file, exit 0.
+5. on SIGTERM/SIGINT/``POST /shutdown``: start no more agents, end SSE streams, stop
+   accepting, flush, remove the socket and pid file, exit 0.
 """
 
 from __future__ import annotations

@@ -253,6 +253,7 @@ class Grid:
             self.bus.close()
 
     def request_shutdown(self) -> None:
+        self.scheduler.close()  # nothing new starts while the daemon winds down
         # Close the streams first: open SSE responses would otherwise hold the server open.
         self._end_streams()
         if self._shutdown_callback is not None:

@@ -96,7 +96,15 @@ class Scheduler:
         self.held: Callable[[], frozenset[str]] | None = None
         #: The starts launched by the pass in progress (``step()`` waits for them).
         self._launched: list[asyncio.Task[object]] = []
+        #: A stopping daemon's scheduler starts nothing more (``close``).
+        self.closed = False
         state.on_change(self.wake)
+
+    def close(self) -> None:
+        """The daemon is stopping: from now on no pass runs, so no agent starts between
+        ``daemon.stopping`` and the daemon's exit (running agents go on, and are reattached
+        by the next daemon)."""
+        self.closed = True
 
     def wake(self) -> None:
         self._wake.set()
@@ -238,9 +246,11 @@ class Scheduler:
     def run_pass(self, *, force: bool = False) -> list[Action]:
         """One reconcile pass; returns its actions. Skipped (no actions) when nothing it
         depends on has changed (idle)."""
+        self._launched = []
+        if self.closed:
+            return []
         started = time.perf_counter()
         key = self._idle_key()
-        self._launched = []
         if key == self._last_key and not force:
             self.idle_passes += 1
             self.last_pass_seconds = time.perf_counter() - started

@@ -76,3 +76,29 @@ def test_a_step_reports_the_stop_of_a_task_cancelled_while_its_agent_runs(
         stops = [a for a in c.post("/scheduler/step")["actions"] if a["action"] == "stop"]
         assert len(stops) == 1
         assert (stops[0]["agentId"], stops[0]["taskId"]) == (agent["id"], "long")
+
+
+async def test_a_stopping_daemon_starts_no_agent_after_daemon_stopping(repo: Path) -> None:
+    from typing import cast
+
+    import httpx
+
+    from gridd.grid import Grid
+    from tests.helpers import inprocess_daemon
+
+    config = {
+        "agents": {"work": {"command": ["sh", "-c", "sleep 30"]}},
+        "scheduler": {"default_agent": "work", "step_mode": True},
+    }
+    async with inprocess_daemon(repo, config) as daemon:
+        grid = cast(Grid, daemon.grid)
+        transport = httpx.AsyncHTTPTransport(uds=str(daemon.sock))
+        async with httpx.AsyncClient(transport=transport, base_url="http://gridd") as c:
+            assert (await c.post("/tasks", json={"id": "late", "title": "late"})).is_success
+            assert (await c.post("/session/start", json={"maxAgents": 1})).is_success
+        # SIGTERM (or POST /shutdown) arrives with a ready task and a free slot: the
+        # daemon winds down, and its scheduler starts nothing in the meantime.
+        grid.request_shutdown()
+        assert await grid.scheduler.step() == []
+        assert grid.state.tasks["late"].status == "ready"
+        assert not grid.state.agents

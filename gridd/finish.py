@@ -123,13 +123,15 @@ class Finisher:
         branch of its own (``keptBranch``) for a human to look at, and the worktree goes
         so the task's next attempt (if any) starts afresh."""
         self.roster.release(agent.id)
-        agent = self._settle(self.state.agents[agent.id], status, run)
-        reason = agent.stop_reason or "claim lost"
+        reason = self.state.agents[agent.id].stop_reason or "claim lost"
+        # Set aside before the run is settled, as a normal finish records its work first:
+        # until then the agent is live, so its task cannot start again in this worktree.
         kept = await self.worktrees.set_aside(
             worktree,
             keep_as=kept_branch(agent.task_id, agent.id),
             message=f"gridd: work of agent {agent.id} on {agent.task_id}, kept ({reason})",
         )
+        agent = self._settle(self.state.agents[agent.id], status, run)
         self.bus.publish(
             "agent.stopped",
             {

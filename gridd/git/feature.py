@@ -9,12 +9,17 @@ worktree (the user's own included) is refused: gridd never moves a ref under a w
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
 from gridd.errors import Conflict, ValidationFailed
 from gridd.ids import branch_problem
 from gridd.worktrees import git
+
+#: ``git worktree list`` that failed (a worktree being added beside it) is asked again
+#: after these pauses; the last try's error is the answer.
+LIST_RETRY_PAUSES = (0.05, 0.1, 0.2)
 
 
 @dataclass(frozen=True)
@@ -39,8 +44,17 @@ def checked_out_branches(porcelain: str) -> dict[str, str]:
 
 
 async def checked_out_at(root: Path, branch: str) -> str | None:
-    """The worktree that has ``branch`` checked out, or None."""
-    res = await git(root, "worktree", "list", "--porcelain")
+    """The worktree that has ``branch`` checked out, or None.
+
+    A worktree being added at the same moment (one prepared ahead, another task's start)
+    can make git read its half-written entry and fail: the listing is asked again."""
+    for pause in LIST_RETRY_PAUSES:
+        res = await git(root, "worktree", "list", "--porcelain", check=False)
+        if res.code == 0:
+            break
+        await asyncio.sleep(pause)
+    else:
+        res = await git(root, "worktree", "list", "--porcelain")
     return checked_out_branches(res.out).get(branch)
 
 

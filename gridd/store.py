@@ -228,6 +228,13 @@ class Store:
                 raise
             raise self._noted(_store_error(exc)) from exc
 
+    def _exec_many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        """``executemany``, any failure of the database a ``StoreError``."""
+        try:
+            self._conn.executemany(sql, rows)
+        except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
+            raise self._noted(_store_error(exc)) from exc
+
     def _noted(self, error: StoreError) -> StoreError:
         if error.code in DISK_CODES:
             self.write_error = error
@@ -370,14 +377,11 @@ class Store:
     def save_tasks(self, tasks: Iterable[Task]) -> None:
         """Insert or replace tasks (call inside ``transaction()`` for many)."""
         rows = [(t.id, t.status.value, t.model_dump_json()) for t in tasks]
-        try:
-            self._conn.executemany(
-                "INSERT INTO tasks(id, status, doc) VALUES (?, ?, ?)"
-                " ON CONFLICT(id) DO UPDATE SET status = excluded.status, doc = excluded.doc",
-                rows,
-            )
-        except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
-            raise self._noted(_store_error(exc)) from exc
+        self._exec_many(
+            "INSERT INTO tasks(id, status, doc) VALUES (?, ?, ?)"
+            " ON CONFLICT(id) DO UPDATE SET status = excluded.status, doc = excluded.doc",
+            rows,
+        )
 
     def load_tasks(self) -> list[Task]:
         return self._load("tasks", Task)
@@ -393,14 +397,11 @@ class Store:
         """Each agent's published output position, ``(output_seq, last_output, agent_id)``:
         two fields of its document set in place (SQLite's ``json_set``), with no model
         validated or encoded. The hot path of agent output, one per line printed."""
-        try:
-            self._conn.executemany(
-                "UPDATE agents SET doc = json_set(doc, '$.output_seq', ?, '$.last_output', ?)"
-                " WHERE id = ?",
-                rows,
-            )
-        except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
-            raise self._noted(_store_error(exc)) from exc
+        self._exec_many(
+            "UPDATE agents SET doc = json_set(doc, '$.output_seq', ?, '$.last_output', ?)"
+            " WHERE id = ?",
+            rows,
+        )
 
     def load_agents(self) -> list[Agent]:
         return self._load("agents", Agent)

@@ -271,12 +271,14 @@ class Worktrees:
             kept = keep_as
         await git(self.root, "worktree", "remove", "--force", "--", str(worktree.path), check=False)
         if kept is not None:
-            moved = await git(self.root, "branch", "-m", "--", worktree.branch, kept, check=False)
-            if moved.code != 0:
-                log.warning("keeping %s as %s: %s", worktree.branch, kept, moved.err.strip())
+            # Copied, then deleted, never ``git branch -m``: two renames at once share one
+            # temporary reflog file (.git/logs/refs/.tmp-renamed-log) and one of them fails,
+            # which two runs set aside together (their claims answered in one bd call) hit.
+            copied = await git(self.root, "branch", "--no-track", "--", kept, ref, check=False)
+            if copied.code != 0:
+                log.warning("keeping %s as %s: %s", worktree.branch, kept, copied.err.strip())
                 return worktree.branch
-        else:
-            await git(self.root, "branch", "-D", "--", worktree.branch, check=False)
+        await git(self.root, "branch", "-D", "--", worktree.branch, check=False)
         return kept
 
     async def discard(self, worktree: Worktree) -> bool:

@@ -131,6 +131,12 @@ def running_daemon(root: Path, **kwargs) -> Iterator[DaemonProc]:  # type: ignor
     daemon = start_daemon(root, **kwargs)
     try:
         yield daemon
+    except BaseException:
+        # A failing test shows what the daemon logged: a flake seen once in CI is then
+        # diagnosable from the CI output alone.
+        print(f"--- the last lines of {daemon.grid_dir / 'gridd.log'} ---")
+        print("\n".join(daemon.stderr_text().splitlines()[-80:]))
+        raise
     finally:
         for c in daemon.clients:
             c.close()

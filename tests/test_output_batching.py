@@ -164,3 +164,34 @@ async def test_a_lone_write_is_read_at_once_and_writes_within_the_window_as_one_
         assert sorted(seen[1:]) == ["a1", "a2"] and wakeups.drains == drains + 1
     finally:
         wakeups.close()
+
+
+async def test_a_settled_output_pass_keeps_the_watchers_own_pause_warning_and_back(
+    repo: Path,
+) -> None:
+    async with lines_agents(repo, agents=1, count=20) as (grid, control):
+        watcher = grid.pool.watcher
+        output = watcher.output
+        (agent_id,) = [a.id for a in grid.state.live_agents()]
+        # The watcher's watch is paused (a store error) while the output pass has its own
+        # pause for the same run: /health names both.
+        watcher.paused[agent_id] = "watching: the disk is full"
+        output.paused[agent_id] = "publishing: the disk is full"
+        assert (
+            watcher.paused[agent_id] == "watching: the disk is full; publishing: the disk is full"
+        )
+        # The output pass reads and settles the run: its own reason goes, the watcher's stays.
+        (control / "go").touch()
+        await until(lambda: (control / "t0.done").exists())
+        await until(lambda: all(not r.unread() for r in grid.pool.runs.values()), what="read")
+        assert_complete(grid, 20)
+        assert agent_id not in output.paused
+        assert dict(watcher.paused) == {agent_id: "watching: the disk is full"}
+        assert any("watching: the disk is full" in w for w in grid.health().warnings)
+        # And the watcher resuming clears only its own reason, never the output pass's.
+        output.paused[agent_id] = "publishing: the disk is full"
+        watcher.paused.pop(agent_id, None)
+        assert dict(watcher.paused) == {agent_id: "publishing: the disk is full"}
+        assert any("publishing: the disk is full" in w for w in grid.health().warnings)
+        output.paused.pop(agent_id)
+        assert not watcher.paused

@@ -18,7 +18,7 @@ looks take turns with everyone else); a run that had more to give is queued agai
 next pass, and the pass waits for the event streams'
 readers first (``OutputPacer``). A store that refuses the transaction (a full disk) keeps
 every look (``RunWatch.hold``, nothing lost and nothing fed to an adapter twice) and the
-runs are tried again with backoff, named in ``paused`` meanwhile (a ``/health`` warning).
+runs are tried again with backoff, named in ``paused`` meanwhile (a ``/health`` warning, beside the watcher's own).
 
 The watcher of each run (``watching.py``) no longer reads output; it wakes for exits, lost
 shims and health deadlines, and reads what an exited run left itself (``finishing``).
@@ -55,7 +55,6 @@ class OutputPass:
         *,
         reader: RunReader,
         pacer: OutputPacer,
-        paused: dict[str, str] | None = None,
     ) -> None:
         self.ctx = ctx
         self.reader = reader
@@ -64,8 +63,9 @@ class OutputPass:
         self.due: dict[str, None] = {}
         #: Each watched agent's wake-up (its counts say how often its run was read).
         self.wakes: dict[str, Wakeup] = {}
-        #: Agent id -> why reading its run is paused (shared with the watcher: /health).
-        self.paused: dict[str, str] = {} if paused is None else paused
+        #: Agent id -> why reading its run is paused (its own: the watcher's are apart;
+        #: /health shows both, ``watching.Pauses``).
+        self.paused: dict[str, str] = {}
         self.passes = 0
         self.transactions = 0
         self._retry_in: dict[str, float] = {}

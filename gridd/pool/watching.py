@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 
 from gridd.agents.executor import AgentHandle, ExitStatus
 from gridd.agents.wakeups import Wakeup, Wakeups
@@ -44,6 +44,42 @@ STORE_RETRY_MAX_SECONDS = 10.0
 OnExit = Callable[[str, ExitStatus, RunWatch], Awaitable[None]]
 
 
+class Pauses(MutableMapping[str, str]):
+    """Agent id -> why its run is not being looked after, as ``/health`` shows it: the
+    watcher's own reasons (``own``, what this mapping writes) together with those of the
+    output pass (``others``, read only). Each owner clears only its own reasons: the output
+    pass settling a run never hides a paused watch, nor the other way round."""
+
+    def __init__(self, *others: Mapping[str, str]) -> None:
+        self.own: dict[str, str] = {}
+        self.others = others
+
+    def __getitem__(self, agent_id: str) -> str:
+        reasons = [d[agent_id] for d in (self.own, *self.others) if agent_id in d]
+        if not reasons:
+            raise KeyError(agent_id)
+        return "; ".join(reasons)
+
+    def __setitem__(self, agent_id: str, why: str) -> None:
+        self.own[agent_id] = why
+
+    def __delitem__(self, agent_id: str) -> None:
+        del self.own[agent_id]
+
+    def pop(self, agent_id: str, *default: object) -> object:  # type: ignore[override]
+        """Clears the watcher's own reason only."""
+        return self.own.pop(agent_id, *default)
+
+    def __iter__(self) -> Iterator[str]:
+        seen = dict.fromkeys(self.own)
+        for other in self.others:
+            seen.update(dict.fromkeys(other))
+        return iter(seen)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 class Watcher:
     def __init__(
         self,
@@ -63,10 +99,11 @@ class Watcher:
         self._sweeping = False
         self.on_exit: OnExit | None = None
         self.pacer = OutputPacer(held=lambda: ctx.bus.budget.held)
-        #: Agent id -> why watching it is paused (retried with backoff; /health shows it).
-        self.paused: dict[str, str] = {}
         #: Reads and publishes the output of every run that wrote (one task for all).
-        self.output = OutputPass(ctx, reader=reader, pacer=self.pacer, paused=self.paused)
+        self.output = OutputPass(ctx, reader=reader, pacer=self.pacer)
+        #: Agent id -> why watching it (or reading its output) is paused, retried with
+        #: backoff; /health shows it. Each keeps its own reasons (``Pauses``).
+        self.paused = Pauses(self.output.paused)
         wakeups.on_data = lambda wake: self.output.wake(wake.key)
 
     def spawn(self, agent_id: str) -> None:

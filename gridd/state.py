@@ -9,6 +9,7 @@ make every event megabytes).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -25,6 +26,9 @@ from gridd.model import (
     utcnow,
 )
 from gridd.store import Store
+
+#: Agents' output positions are written to their rows at most this often (``note_output``).
+POSITIONS_SAVE_SECONDS = 5.0
 
 
 class GridState:
@@ -50,6 +54,11 @@ class GridState:
         self._task_counts: tuple[dict[str, int], int] | None = None
         #: Task id -> its first live agent's id (``agent_for_task``); None: rebuild.
         self._by_task: dict[str, str] | None = None
+        #: Agents whose published output position is newer than their row's (the log after
+        #: the positions mark says it); the live ones at start, as the log may have said
+        #: more than their rows when the last daemon stopped (``note_output``).
+        self._unsaved: dict[str, None] = dict.fromkeys(self.live)
+        self._positions_due = 0.0  # the first batch saves them all
 
     def _load_session(self) -> SessionState:
         raw = self.store.get_meta("session")
@@ -198,10 +207,15 @@ class GridState:
 
     def note_output(self, positions: list[tuple[str, int, str]]) -> None:
         """Agents' published output positions ``(agent_id, output_seq, last_output)``, in
-        the caller's transaction (with the output events: they commit together). Written
-        in place, not re-validated (an int and a str); the cache takes them at the commit,
-        so a rolled-back batch leaves it as the database is."""
-        self.store.save_output_positions((seq, last, agent_id) for agent_id, seq, last in positions)
+        the caller's transaction (with the output events). The cache takes them at the
+        commit, so a rolled-back batch leaves it as the database is.
+
+        The agents' rows are written only every ``POSITIONS_SAVE_SECONDS`` (every agent
+        that published meanwhile, in this same transaction, with the mark saying which
+        events they cover): a row per line printed cost more than the line's event. Until
+        then the events themselves, committed with the position they imply, are the
+        record (``Store.load_agents``), so a daemon killed at any point recovers exactly."""
+        store = self.store
 
         def remember() -> None:
             for agent_id, seq, last in positions:
@@ -213,8 +227,29 @@ class GridState:
                     fields["output_seq"] = seq
                     fields["last_output"] = last
                     self._remember_agent(agent)
+                    self._unsaved[agent_id] = None
 
-        self.store.after_commit(remember)
+        # Registered first: ``saved`` (when due) then forgets what this very batch wrote.
+        store.after_commit(remember)
+        if time.monotonic() >= self._positions_due:
+            moved = {agent_id: (seq, last) for agent_id, seq, last in positions}
+            saving = [*self._unsaved.keys() - moved.keys(), *moved]
+            rows = []
+            for agent_id in saving:
+                agent = self.agents.get(agent_id)
+                if agent_id in moved:
+                    seq, last = moved[agent_id]
+                    rows.append((seq, last, agent_id))
+                elif agent is not None:
+                    rows.append((agent.output_seq, agent.last_output, agent_id))
+            store.save_output_positions(rows, through=store.last_appended_id)
+
+            def saved() -> None:
+                for agent_id in saving:
+                    self._unsaved.pop(agent_id, None)
+                self._positions_due = time.monotonic() + POSITIONS_SAVE_SECONDS
+
+            store.after_commit(saved)  # registered after ``remember``: it runs second
 
     def write_agent(self, agent: Agent) -> None:
         """Persist an already validated agent. Only ``gridd.lifecycle`` calls it. (No

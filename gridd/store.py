@@ -84,6 +84,17 @@ SCHEMA_VERSION = len(MIGRATIONS)
 DISK_CODES = frozenset({"disk_full", "disk_read_only"})
 #: Free bytes the disk must have before a store that hit a full disk is called writable.
 PROBE_MARGIN_BYTES = 1024 * 1024
+#: meta key: the event id up to which agents' rows hold their output positions; the
+#: ``agent.output`` events after it say the rest (``load_agents``).
+POSITIONS_MARK = "output.positions_through"
+#: The last line shown of an agent's output (``Agent.last_output``) is cut to this.
+LAST_LINE_CHARS = 300
+
+
+def last_line(text: str) -> str:
+    """The last non-blank line of ``text`` (its end, at most ``LAST_LINE_CHARS``); ""."""
+    line = next((ln for ln in reversed(text.splitlines()) if ln.strip()), "")
+    return line[-LAST_LINE_CHARS:]
 
 
 @dataclass
@@ -324,6 +335,11 @@ class Store:
         self._next_event_id = first + len(rows)  # spent even if rolled back, as above
         return events
 
+    @property
+    def last_appended_id(self) -> int:
+        """The id of the last event appended (committed or still in a transaction)."""
+        return self._next_event_id - 1
+
     def events_after(
         self, since: int, *, types: Iterable[str] | None = None, limit: int = 500
     ) -> list[Event]:
@@ -367,6 +383,9 @@ class Store:
     def prune_events(self, retain: int) -> int:
         """Drop all but the newest ``retain`` events; returns how many were removed."""
         cutoff = self.last_event_id() - retain
+        mark = self.positions_mark()
+        if mark is not None:
+            cutoff = min(cutoff, mark)  # output positions after the mark live in the log
         if cutoff <= 0:
             return 0
         cur = self._exec("DELETE FROM events WHERE id <= ?", (cutoff,))
@@ -393,18 +412,68 @@ class Store:
             (agent.id, agent.task_id, agent.status.value, agent.model_dump_json()),
         )
 
-    def save_output_positions(self, rows: Iterable[tuple[int, str, str]]) -> None:
+    def save_output_positions(
+        self, rows: Iterable[tuple[int, str, str]], *, through: int | None = None
+    ) -> None:
         """Each agent's published output position, ``(output_seq, last_output, agent_id)``:
         two fields of its document set in place (SQLite's ``json_set``), with no model
-        validated or encoded. The hot path of agent output, one per line printed."""
+        validated or encoded. ``through``: every ``agent.output`` event up to this id is
+        now reflected in its agent's row (``load_agents`` reads only the log after it).
+        Saved every few seconds, not per line (``GridState.note_output``)."""
         self._exec_many(
             "UPDATE agents SET doc = json_set(doc, '$.output_seq', ?, '$.last_output', ?)"
             " WHERE id = ?",
             rows,
         )
+        if through is not None:
+            self.set_meta(POSITIONS_MARK, str(through))
+
+    def positions_mark(self) -> int | None:
+        """The id up to which agents' rows hold their output positions (None: all of it,
+        as a database from before positions were saved lazily)."""
+        raw = self.get_meta(POSITIONS_MARK)
+        return int(raw) if raw is not None else None
 
     def load_agents(self) -> list[Agent]:
-        return self._load("agents", Agent)
+        """Every agent, its output position the later of its row's and the ``agent.output``
+        events logged after the positions mark: both are committed with the events, so a
+        daemon killed at any point gets back exactly what it had published."""
+        agents = self._load("agents", Agent)
+        tail = self._output_tail()
+        if not tail:
+            return agents
+        loaded = []
+        for agent in agents:
+            found = tail.get(agent.id)
+            if found is not None and found[0] > agent.output_seq:
+                seq, last = found
+                agent = agent.model_copy(
+                    update={"output_seq": seq, "last_output": last or agent.last_output}
+                )
+            loaded.append(agent)
+        return loaded
+
+    def _output_tail(self) -> dict[str, tuple[int, str]]:
+        """Agent id -> (highest seq, its last line shown) among ``agent.output`` events
+        after the positions mark."""
+        mark = self.positions_mark()
+        if mark is None:
+            return {}
+        rows = self._exec(
+            "SELECT data FROM events WHERE type = 'agent.output' AND id > ? ORDER BY id",
+            (mark,),
+        ).fetchall()
+        tail: dict[str, tuple[int, str]] = {}
+        for (raw,) in rows:
+            try:
+                data = json.loads(raw)
+                agent_id, seq, chunk = str(data["agentId"]), int(data["seq"]), data["chunk"]
+            except (ValueError, KeyError, TypeError):
+                continue  # not ours to judge here; the log keeps it as it is
+            before = tail.get(agent_id)
+            if before is None or seq > before[0]:
+                tail[agent_id] = (seq, last_line(str(chunk)) or (before[1] if before else ""))
+        return tail
 
     def save_question(self, question: Question) -> None:
         self._exec(

@@ -16,6 +16,7 @@ from gridd.model import Agent, utcnow
 from gridd.pool.context import PoolContext
 from gridd.pool.stopping import Stopper
 from gridd.pool.talking import Conversation
+from gridd.store import last_line
 
 
 class RunReader:
@@ -51,11 +52,9 @@ class RunReader:
                 continue
             for chunk in polled.chunks:
                 datas.append({"agentId": agent_id, "chunk": chunk.text, "seq": chunk.seq})
-            last = next(
-                (ln for ln in reversed(polled.chunks[-1].text.splitlines()) if ln.strip()), ""
-            )
+            last = last_line(polled.chunks[-1].text)
             positions.append(
-                (agent_id, polled.chunks[-1].seq, last[-300:] or agents[agent_id].last_output)
+                (agent_id, polled.chunks[-1].seq, last or agents[agent_id].last_output)
             )
         if positions:
             self.ctx.bus.publish_many("agent.output", datas)

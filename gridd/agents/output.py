@@ -4,6 +4,11 @@ Chunk ``seq`` n (1-based) is record n of the index: 16 bytes, offset and length.
 is the daemon's; the log is the shim's. After a daemon restart, whatever the agent wrote in
 the meantime is simply the unindexed tail of the log, so sequence numbers continue with no
 gap and no duplicate.
+
+The indexing watcher keeps both files open between looks (``poll``): with hundreds of agents
+each printing, opening and closing them for every line was a fifth of the daemon's work. The
+descriptors kept open by all runs together stay under a quarter of the process's limit
+(``RLIMIT_NOFILE``); past that a run opens its files per look, as before.
 """
 
 from __future__ import annotations
@@ -36,15 +41,51 @@ def _utf8_cut(data: bytes) -> int:
     return end if end - i >= need else i
 
 
+_APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+
+
 def _append(path: str, data: bytes) -> None:
     """Append ``data`` whole (as ``open(path, "ab")`` would, without the file object)."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    fd = os.open(path, _APPEND_FLAGS, 0o666)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
+
+
+class _Kept:
+    """How many more descriptors runs may keep open between looks (a quarter of the
+    process's limit, counted once it is first asked)."""
+
+    left: int | None = None
+
+    @classmethod
+    def take(cls) -> bool:
+        if cls.left is None:
+            cls.left = _keepable()
+        if cls.left <= 0:
+            return False
+        cls.left -= 1
+        return True
+
+    @classmethod
+    def give_back(cls) -> None:
+        if cls.left is not None:
+            cls.left += 1
+
+
+def _keepable() -> int:
+    try:
+        import resource
+
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return 0
+    if soft < 0:  # RLIM_INFINITY
+        soft = 1 << 16
+    return soft // 4
 
 
 class OutputLog:
@@ -58,6 +99,9 @@ class OutputLog:
         self._idx = str(self.idx_path)
         self.seq = 0
         self.offset = 0
+        #: The log (read) and the index (append) kept open between looks, when allowed.
+        self._log_fd: int | None = None
+        self._idx_fd: int | None = None
         try:
             size = os.stat(self.idx_path).st_size
         except FileNotFoundError:
@@ -81,14 +125,23 @@ class OutputLog:
 
     def poll(self, *, max_chunks: int = 16, final: bool = False) -> list[Chunk]:
         """Index and return new output (at most ``max_chunks`` chunks). Plain descriptor
-        calls (``pread``, an ``O_APPEND`` write): this runs for every line agents print."""
-        size = self.size()
-        if size <= self.offset:
-            return []
-        chunks: list[Chunk] = []
-        records = bytearray()
-        fd = os.open(self._log, os.O_RDONLY | os.O_CLOEXEC)
+        calls (``fstat``, ``pread``, an ``O_APPEND`` write) on descriptors kept open: this
+        runs for every line agents print."""
+        fd = self._log_fd
+        kept = fd is not None
+        if fd is None:
+            try:
+                fd = os.open(self._log, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return []
+            if _Kept.take():
+                self._log_fd, kept = fd, True
         try:
+            size = os.fstat(fd).st_size
+            if size <= self.offset:
+                return []
+            chunks: list[Chunk] = []
+            records = bytearray()
             while len(chunks) < max_chunks and self.offset < size:
                 data = os.pread(fd, min(MAX_CHUNK, size - self.offset), self.offset)
                 if not data:
@@ -105,10 +158,45 @@ class OutputLog:
                 self.seq += 1
                 chunks.append(Chunk(self.seq, data.decode("utf-8", errors="replace")))
         finally:
-            os.close(fd)
+            if not kept:
+                os.close(fd)
         if records:
-            _append(self._idx, bytes(records))
+            self._append_index(bytes(records))
         return chunks
+
+    def _append_index(self, records: bytes) -> None:
+        fd = self._idx_fd
+        if fd is None:
+            if not _Kept.take():
+                _append(self._idx, records)
+                return
+            try:
+                fd = os.open(self._idx, _APPEND_FLAGS, 0o666)
+            except BaseException:
+                _Kept.give_back()
+                raise
+            self._idx_fd = fd
+        view = memoryview(records)
+        while view:
+            view = view[os.write(fd, view) :]
+
+    def close(self) -> None:
+        """Close the descriptors kept between looks (the run is over; ``poll`` reopens)."""
+        for name in ("_log_fd", "_idx_fd"):
+            fd = getattr(self, name, None)
+            if fd is not None:
+                setattr(self, name, None)
+                _Kept.give_back()
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # at interpreter exit ``os`` may be gone already
+            pass
 
     def skip_to(self, seq: int) -> None:
         """Append empty records up to ``seq`` (numbers a damaged index lost are not reused)."""

@@ -203,6 +203,7 @@ class Watcher:
             polled = run.poll(final=True)
             if not polled.chunks and not polled.beats:
                 break
+        run.output.close()  # nothing more will be written: give its descriptors back
         self.pacer.rest()
 
     def _sleep_for(self, agent_id: str, run: RunWatch, wake: Wakeup) -> float | None:

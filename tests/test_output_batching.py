@@ -196,3 +196,41 @@ async def test_a_settled_output_pass_keeps_the_watchers_own_pause_warning_and_ba
         assert any("publishing: the disk is full" in w for w in grid.health().warnings)
         output.paused.pop(agent_id)
         assert not watcher.paused
+
+
+async def test_a_look_after_an_output_only_notice_skips_the_heartbeat_file_never_its_beats(
+    tmp_path: Path,
+) -> None:
+    from gridd.adapters.heartbeat import HeartbeatAdapter
+    from gridd.agents.wakeups import Wakeups
+    from gridd.agents.watch import RunWatch
+
+    wakeups = Wakeups(sweep_seconds=60)
+    wakeups.start()
+    try:
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        run = RunWatch(run_dir, HeartbeatAdapter())
+        noticed: list[str] = []
+        wakeups.on_data = lambda wake: noticed.append(wake.key)
+        wake = wakeups.watch(run_dir, unread=run.unread_data, key="a1")
+        assert wake.beats_due  # a new watch looks at everything
+        wake.beats_due = False  # as the output pass does when it looks
+        (run_dir / "output.log").write_text("hello\n")
+        await until(lambda: len(noticed) >= 2, what="the output notice")
+        assert not wake.beats_due  # output.log alone: the heartbeat file is not looked at
+        polled = run.poll(beats=wake.beats_due)
+        assert [c.text for c in polled.chunks] == ["hello\n"] and polled.beats == []
+        (run_dir / "heartbeat.ndjson").write_text('{"status": "working", "label": "busy"}\n')
+        await until(lambda: wake.beats_due, what="the heartbeat notice")
+        polled = run.poll(beats=True)
+        assert [b.label for b in polled.beats] == ["busy"]
+        # A beat whose notice was lost is found by the sweep, which always looks at both.
+        wake.beats_due = False
+        wakeups.forget_notifications(wake)
+        with (run_dir / "heartbeat.ndjson").open("a") as fh:
+            fh.write('{"status": "working", "label": "still"}\n')
+        assert wakeups.sweep() == 1 and wake.beats_due
+        assert [b.label for b in run.poll(beats=wake.beats_due).beats] == ["still"]
+    finally:
+        wakeups.close()

@@ -48,7 +48,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 #: The files in a run directory whose change means there is data to read...
-DATA_FILES = frozenset({b"output.log", b"heartbeat.ndjson"})
+BEATS_FILE = b"heartbeat.ndjson"
+DATA_FILES = frozenset({b"output.log", BEATS_FILE})
 #: ... and the one whose arrival means the run may have ended (the shim renames it in).
 EXIT_FILE = b"exit.json"
 RUN_FILES = frozenset({n.decode() for n in (*DATA_FILES, EXIT_FILE)})
@@ -87,6 +88,9 @@ class Wakeup:
     counts: WakeCounts = field(default_factory=WakeCounts)
     shim_gone: bool = False
     exit_due: bool = True
+    #: Whether ``heartbeat.ndjson`` may hold something new: a look skips the file (a
+    #: ``stat`` of a file most agents never write) when only ``output.log`` was notified.
+    beats_due: bool = True
     _event: asyncio.Event = field(default_factory=asyncio.Event)
     _watch: Any = None  # asyncinotify.Watch
     _pidfd: int | None = None
@@ -360,6 +364,8 @@ class Wakeups:
                     continue
                 if name in DATA_FILES:
                     data[wd] = found
+                    if name == BEATS_FILE:
+                        found.beats_due = True
                 elif name == EXIT_FILE:
                     found.exit_due = True
                     found.set()
@@ -373,6 +379,7 @@ class Wakeups:
         for every in list(self.runs.values()):
             every.counts.swept += 1
             every.exit_due = True
+            every.beats_due = True
             every.set()
             self.on_data(every)
 
@@ -391,6 +398,7 @@ class Wakeups:
                 wake.exit_due = True
                 wake.set()
             if due:
+                wake.beats_due = True  # the sweep does not say which file grew
                 self.on_data(wake)
             if due or ended:
                 wake.counts.swept += 1

@@ -95,17 +95,19 @@ class RunWatch:
         first, so nothing read is lost or fed to the adapter twice."""
         self.held = polled
 
-    def poll(self, *, final: bool = False) -> Poll:
+    def poll(self, *, final: bool = False, beats: bool = True) -> Poll:
+        """What the run wrote since the last look. ``beats=False``: only ``output.log``
+        was notified, the heartbeat file is not looked at this time."""
         held, self.held = self.held, None
         result = Poll()
         result.chunks = self.pending + self.output.poll(final=final)
         self.pending = []
         for chunk in result.chunks:
             result.signals += self.adapter.feed_output(chunk.text)
-        beats, warnings = self.heartbeats.poll()
-        result.beats = beats
+        new_beats, warnings = self.heartbeats.poll() if beats or final else ([], [])
+        result.beats = new_beats
         result.warnings = warnings
-        for beat in beats:
+        for beat in new_beats:
             if beat.message:
                 self.summary = beat.message[-MAX_SUMMARY:]
             result.signals += self.adapter.feed_heartbeat(beat)

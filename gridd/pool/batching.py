@@ -113,13 +113,18 @@ class OutputPass:
             if run is None or run.finishing or agent_id not in self.ctx.state.agents:
                 continue  # gone, or its watcher reads what is left of it
             lifeless = run.last_life is None
+            wake = self.wakes.get(agent_id)
+            beats = True
+            if wake is not None:  # only a notice of output.log alone spares the heartbeats
+                beats, wake.beats_due = wake.beats_due, False
             try:
-                polled = run.poll()
+                polled = run.poll(beats=beats)
             except Exception as exc:  # e.g. an unreadable run file: this run waits, not all
+                if wake is not None:
+                    wake.beats_due = wake.beats_due or beats  # the retry looks again
                 log.exception("agent %s: reading its run failed", agent_id)
                 self._pause(agent_id, f"reading its run failed: {type(exc).__name__}: {exc}")
                 continue
-            wake = self.wakes.get(agent_id)
             if wake is not None:
                 wake.counts.reads += 1
                 wake.counts.wakeups += 1

@@ -189,6 +189,8 @@ class Finisher:
             output_seq=run.output.seq,
             heartbeat_offset=run.heartbeats.offset,
             session_id=run.session_id or agent.session_id,
+            # Its claim was answered (or cannot be any more): only a live run waits on one.
+            claim_pending=False,
         )
         self.questions.close_for_agent(
             agent.id,

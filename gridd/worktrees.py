@@ -267,7 +267,7 @@ class Worktrees:
                 return worktree.branch
         ref = f"refs/heads/{worktree.branch}"
         ahead = await git(self.root, "merge-base", "--is-ancestor", ref, worktree.base, check=False)
-        if ahead.code == 1:  # the branch has commits its base lacks
+        if ahead.code != 0:  # commits its base lacks; or no base known to compare: kept
             kept = keep_as
         await git(self.root, "worktree", "remove", "--force", "--", str(worktree.path), check=False)
         if kept is not None:

@@ -321,3 +321,50 @@ def test_a_bd_whose_reads_touch_its_own_files_is_not_read_in_a_loop(repo: Path) 
 
         time.sleep(2.0)  # a bound on what happens over a span: nothing to await
         assert readies() - before <= 14
+
+
+def test_a_run_whose_claim_cannot_be_asked_after_a_restart_is_set_aside_not_committed(
+    repo: Path,
+) -> None:
+    # The daemon dies while the claim is with bd, and comes back with beads turned off: the
+    # claim can no longer be checked. The run's work must not reach the task's branch
+    # unchecked, nor be lost: it is kept aside, and the agent record stops saying it waits.
+    import contextlib
+
+    import httpx
+
+    from gridd.errors import DaemonUnreachable
+    from tests.helpers import restartable_daemon
+
+    agent = ["sh", "-c", 'echo "work of $GRID_AGENT_ID" > out.txt; sleep 60']
+    extra = agent_config(agent, claim_ahead=0)
+    setup_beads(repo, [], extra=extra + '[daemon]\ncrash_points = ["spawn.started"]\n')
+    write_db(repo, [bead("bd-late", race=True)], delay={"bd-late": 1.0})
+    config = repo / ".grid" / "config.toml"
+    with restartable_daemon(repo) as grid:
+        c = grid.client()
+        wait_for(lambda: len(c.get("/tasks")) == 1, timeout=20, message="bead imported")
+        with contextlib.suppress(DaemonUnreachable, httpx.TransportError):
+            c.post("/session/start", {"featureBranch": "beads-off", "maxAgents": 1})
+        assert grid.daemon is not None
+        assert grid.daemon.proc.wait(30) is not None
+        (first,) = [p.name for p in (repo / ".grid" / "runs").iterdir() if p.is_dir()]
+        text = config.read_text().split("[daemon]")[0].replace("enabled = true", "enabled = false")
+        config.write_text(text)
+        grid.start()
+
+        def settled() -> bool:
+            return any(a["id"] == first and a["status"] == "exited" for a in c.get("/agents?all=1"))
+
+        wait_for(settled, timeout=30, message="the unchecked run settled")
+        stopped = [
+            e.data
+            for e in c.events(since=0, types=["agent.stopped", "agent.completed"], read_timeout=1)
+            if e.data["agentId"] == first
+        ]
+        assert len(stopped) == 1 and stopped[0]["reason"] == "claim unanswered"
+        assert not stopped[0]["committedWork"]
+        assert kept_file(repo, stopped[0]).strip() == f"work of {first}"
+        record = next(a for a in c.get("/agents?all=1") if a["id"] == first)
+        assert record["claimPending"] is False
+        c.post("/session/stop")

@@ -63,3 +63,18 @@ def test_a_run_that_left_nothing_is_set_aside_without_a_kept_branch(repo: Path) 
     assert asyncio.run(set_aside()) is None
     assert branches(repo) == before
     assert not (repo / ".grid" / "worktrees" / "t1").exists()
+
+
+def test_a_run_whose_base_is_unknown_keeps_its_work_rather_than_guess(repo: Path) -> None:
+    # A run re-checked after a restart may no longer know the commit its branch started
+    # from: what it committed is kept, never deleted on a comparison git could not make.
+    worktrees = Worktrees(repo, repo / ".grid" / "worktrees")
+
+    async def set_aside() -> str | None:
+        (tree,) = await made(worktrees, ["t1"], work=True)
+        unknown = Worktree(tree.task_id, tree.path, tree.branch, "")
+        return await worktrees.set_aside(unknown, "grid-kept/t1-a1", "kept")
+
+    assert asyncio.run(set_aside()) == "grid-kept/t1-a1"
+    assert git(repo, "show", "grid-kept/t1-a1:out.txt") == "work of t1\n"
+    assert "grid/t1" not in branches(repo)

@@ -24,6 +24,7 @@ from gridd.agents.watch import RunWatch
 from gridd.errors import GriddError
 from gridd.faults import crash_point
 from gridd.git.prepared import PreparedWorktrees
+from gridd.ids import task_branch
 from gridd.lifecycle import move_agent, move_task
 from gridd.model import Agent, AgentStatus, Task, TaskStatus, utcnow
 from gridd.plan import RATE_LIMIT_RESET
@@ -64,6 +65,14 @@ async def _ask(claimer: Claimer, task: Task) -> bool | Exception:
         return await claimer(task)
     except Exception as exc:
         return exc
+
+
+async def _unaskable(task: Task) -> bool | Exception:
+    """The answer for a claim no configured source can be asked about."""
+    return GriddError(
+        f"no {task.source} source is configured any more: cannot check the claim on {task.id}",
+        code="claim_unaskable",
+    )
 
 
 class Spawner:
@@ -152,13 +161,23 @@ class Spawner:
     def recheck_claim(self, agent: Agent) -> None:
         """An earlier daemon started this run while its task's claim was in flight and died
         before the answer: ask again (a claim bd already granted is granted again) before the
-        run is finished, and treat a loss as ``_own`` does."""
+        run is finished, and treat a loss as ``_own`` does.
+
+        A claim that cannot be asked any more (the task's source is no longer configured)
+        is an unanswered one: the run's work is set aside, never committed unchecked. A
+        task gone meanwhile leaves no claim to answer (its run's finish commits nothing)."""
         task = self.ctx.state.tasks.get(agent.task_id)
-        claimer = self.claimers.get(task.source) if task is not None else None
-        if task is None or claimer is None or task.branch is None:
+        if task is None:
+            self.ctx.state.update_agent(agent.id, claim_pending=False)
             return
-        worktree = Worktree(task.id, Path(agent.worktree_path), task.branch, task.base_commit or "")
-        claim = self.ctx.background.spawn(f"claim:{task.id}", _ask(claimer, task))
+        claimer = self.claimers.get(task.source)
+        # The task's branch and base as its record says; a first attempt put back by an
+        # unanswered claim has forgotten them: its own branch name, and no base (what the
+        # run committed is then kept rather than compared).
+        branch = task.branch or task_branch(task.id)
+        worktree = Worktree(task.id, Path(agent.worktree_path), branch, task.base_commit or "")
+        asking = _ask(claimer, task) if claimer is not None else _unaskable(task)
+        claim = self.ctx.background.spawn(f"claim:{task.id}", asking)
         gate = self.ctx.roster.claims[task.id] = asyncio.get_running_loop().create_future()
 
         async def answered() -> None:

@@ -237,7 +237,7 @@ class WatchSettings(_Section):
         description="Poll interval where notifications are off or unavailable (macOS)",
     )
     coalesce_seconds: float = Field(
-        default=0.025,
+        default=0.02,
         ge=0,
         le=1,
         description="Notifications are read at most this often: a lone write at once, many"

@@ -79,6 +79,9 @@ class Pauses(MutableMapping[str, str]):
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
+    def __bool__(self) -> bool:  # read on every /health (``Grid.health_key``): no walk
+        return bool(self.own) or any(self.others)
+
 
 class Watcher:
     def __init__(

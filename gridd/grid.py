@@ -294,6 +294,7 @@ class Grid:
 
     async def _prune_loop(self) -> None:
         while True:
+            self.state.save_positions_now()  # the positions mark never holds pruning back
             removed = self.store.prune_events(self.settings.events.retain)
             if removed:
                 log.info("pruned %d old events", removed)

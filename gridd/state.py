@@ -251,6 +251,22 @@ class GridState:
 
             store.after_commit(saved)  # registered after ``remember``: it runs second
 
+    def save_positions_now(self) -> None:
+        """Write the output position of every agent that published since the last save to
+        its row, and move the mark to the last event (outside any transaction). Called
+        before old events are pruned: a mark left behind while agents are quiet would
+        otherwise keep every later event from being pruned, however many there are."""
+        store = self.store
+        rows = [
+            (agent.output_seq, agent.last_output, agent.id)
+            for agent_id in self._unsaved
+            if (agent := self.agents.get(agent_id)) is not None
+        ]
+        with store.transaction():
+            store.save_output_positions(rows, through=store.last_appended_id)
+        self._unsaved.clear()
+        self._positions_due = time.monotonic() + POSITIONS_SAVE_SECONDS
+
     def write_agent(self, agent: Agent) -> None:
         """Persist an already validated agent. Only ``gridd.lifecycle`` calls it. (No
         wake-up: whoever needs the scheduler to look again touches the state itself.)"""

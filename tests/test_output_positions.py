@@ -87,3 +87,26 @@ def test_pruning_keeps_the_events_after_the_positions_mark(tmp_path: Path) -> No
     assert state.store.first_event_id() == mark + 1
     assert {a.id: a.output_seq for a in _state(path).agents.values()} == {"a1": 39}
     state.store.close()
+
+
+def test_events_after_a_quiet_agents_last_save_are_pruned_once_positions_are_saved(
+    tmp_path: Path,
+) -> None:
+    # An agent printed, then went quiet while other events went on: the mark must not hold
+    # every later event back from pruning. Saving the positions first (as the prune loop
+    # does) moves the mark, and the position survives on the row.
+    path = tmp_path / "gridd.db"
+    state = _state(path)
+    state.put_agent(_agent(1))
+    _publish(state, "a1", 1, "one\n")  # saved, mark set
+    for seq in range(2, 6):
+        _publish(state, "a1", seq, f"line {seq}\n")  # not saved: within the save interval
+    for n in range(50):
+        state.bus.publish("task.updated", {"taskId": f"t{n}"})
+    state.save_positions_now()
+    assert state.store.positions_mark() == state.store.last_appended_id
+    state.store.prune_events(5)
+    assert state.store.first_event_id() == state.store.last_appended_id - 4
+    loaded = {a.id: (a.output_seq, a.last_output) for a in _state(path).agents.values()}
+    assert loaded == {"a1": (5, "line 5")}
+    state.store.close()

@@ -38,12 +38,15 @@ REPLAY_PAGE = 100
 class Budget:
     """The bytes of distinct events held by any subscriber queue, against ``limit``."""
 
-    __slots__ = ("held", "limit", "peak")
+    __slots__ = ("freed", "held", "limit", "peak")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.held = 0
         self.peak = 0
+        #: Bytes of events every holder has let go of, ever: grows as readers take events,
+        #: whatever is published meanwhile (``pool.pacing`` judges readers' progress by it).
+        self.freed = 0
 
     def hold(self, event: Event) -> None:
         if event._holders == 0:
@@ -55,6 +58,7 @@ class Budget:
         event._holders -= 1
         if event._holders == 0:
             self.held -= _size(event)
+            self.freed += _size(event)
 
     @property
     def over(self) -> bool:

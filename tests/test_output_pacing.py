@@ -147,3 +147,32 @@ async def test_a_flood_to_a_slow_reader_arrives_whole_while_the_queues_stay_boun
         while pacer.trims == 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         assert pacer.trims >= 1  # and the heap was trimmed once it was over
+
+
+async def test_a_reader_that_keeps_taking_is_not_stalled_while_another_publisher_adds() -> None:
+    # Two publishers wait on one pacer at once (the output pass and a finished run's
+    # watcher): while one waits, the other's output keeps the backlog from a new low,
+    # though the reader takes events all along. Taking is progress: no stall verdict.
+    backlog, taken = [6 * MIB], [0]
+
+    def held() -> int:
+        taken[0] += 64 * 1024  # the reader takes a chunk per look...
+        return backlog[0]  # ... and the other publisher adds as much meanwhile
+
+    pacer = OutputPacer(held=held, taken=lambda: taken[0], high=4 * MIB, patience=0.05, step=0.001)
+    waiting = asyncio.ensure_future(pacer.settle())
+    await asyncio.sleep(0.2)  # four times the patience
+    assert not waiting.done() and not pacer.stalled
+    backlog[0] = 3 * MIB  # the other publisher is done; the reader catches up
+    await asyncio.wait_for(waiting, 1)
+    assert not pacer.stalled
+
+
+def test_progress_is_a_new_low_or_events_taken() -> None:
+    def judge(held: int, *, taken: bool) -> Verdict:
+        return verdict(
+            held=held, high=100, lowest=500, since=0.0, now=9.0, patience=0.5, taken=taken
+        )
+
+    assert judge(600, taken=True) is Verdict.WAIT  # no new low, but readers took events
+    assert judge(600, taken=False) is Verdict.STALLED

@@ -51,14 +51,24 @@ class Verdict(Enum):
 
 
 def verdict(
-    *, held: int, high: int, lowest: int, since: float, now: float, patience: float
+    *,
+    held: int,
+    high: int,
+    lowest: int,
+    since: float,
+    now: float,
+    patience: float,
+    taken: bool = False,
 ) -> Verdict:
     """Whether to publish more output (PURE). ``lowest``: the smallest backlog seen while
-    waiting, first seen at ``since``; a new low is progress."""
+    waiting, first seen at ``since``; a new low is progress, and so is ``taken`` (readers
+    took events since the last look, though others were published meanwhile: two
+    publishers wait at once, the output pass and a finished run's watcher, and one's
+    publishing must not make the other call a reader that keeps taking stalled)."""
     if held <= high:
         return Verdict.GO
-    if held < lowest:
-        return Verdict.WAIT  # progress: the caller records the new low
+    if held < lowest or taken:
+        return Verdict.WAIT  # progress: the caller records it
     return Verdict.STALLED if now - since >= patience else Verdict.WAIT
 
 
@@ -67,6 +77,9 @@ class OutputPacer:
     """Shared by every watcher of a pool: ``held`` reads the bus's queued bytes."""
 
     held: Callable[[], int]
+    #: Bytes the readers have taken, ever (``events.Budget.freed``); None: only new lows
+    #: of ``held`` count as progress.
+    taken: Callable[[], int] | None = None
     high: int = HIGH_BYTES
     patience: float = PATIENCE_SECONDS
     step: float = STEP_SECONDS
@@ -108,9 +121,11 @@ class OutputPacer:
             return
         self.waits += 1
         lowest, since = held, time.monotonic()
+        taken = self.taken() if self.taken is not None else 0
         while True:
             await asyncio.sleep(self.step)
             held, now = self.held(), time.monotonic()
+            before, taken = taken, self.taken() if self.taken is not None else 0
             found = verdict(
                 held=held,
                 high=self.high,
@@ -118,11 +133,12 @@ class OutputPacer:
                 since=since,
                 now=now,
                 patience=self.patience,
+                taken=taken > before,
             )
             if found is Verdict.GO:
                 return
             if found is Verdict.STALLED:
                 self.stalled = True
                 return
-            if held < lowest:
-                lowest, since = held, now
+            if held < lowest or taken > before:
+                lowest, since = min(lowest, held), now

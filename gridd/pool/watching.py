@@ -101,7 +101,9 @@ class Watcher:
         self.wakeups = wakeups
         self._sweeping = False
         self.on_exit: OnExit | None = None
-        self.pacer = OutputPacer(held=lambda: ctx.bus.budget.held)
+        self.pacer = OutputPacer(
+            held=lambda: ctx.bus.budget.held, taken=lambda: ctx.bus.budget.freed
+        )
         #: Reads and publishes the output of every run that wrote (one task for all).
         self.output = OutputPass(ctx, reader=reader, pacer=self.pacer)
         #: Agent id -> why watching it (or reading its output) is paused, retried with

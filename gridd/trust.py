@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import subprocess
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -97,6 +96,8 @@ def assess(root: Path, config: Path, environ: Mapping[str, str]) -> Verdict:
         raw = config.read_bytes()
     except FileNotFoundError:
         return Verdict(True, "no config")
+    import tomllib  # here, not at the top: most workspaces have no config.toml
+
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError):

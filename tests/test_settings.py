@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from gridd.errors import ConfigError
 from gridd.settings import Settings, load_settings, parse_settings
@@ -96,3 +97,40 @@ def test_an_unknown_adapter_stops_the_daemon_naming_the_profile_key(repo: Path) 
     assert "agents.odd.adapter" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (repo / ".grid" / "gridd.sock").exists()
+
+
+SECTIONS = [
+    field.annotation
+    for field in Settings.model_fields.values()
+    if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+]
+
+
+@pytest.mark.parametrize("section", SECTIONS, ids=lambda section: section.__name__)
+def test_a_section_left_out_of_the_config_equals_one_validated_from_nothing(
+    section: type[BaseModel],
+) -> None:
+    # Left-out sections are made with model_construct (no validator is built for them):
+    # their defaults must be exactly what validating an empty table gives.
+    assert section.model_construct() == section.model_validate({})
+
+
+def test_settings_made_from_no_config_equal_settings_validated_from_nothing() -> None:
+    assert len(SECTIONS) == 8
+    assert Settings.model_construct() == Settings.model_validate({})
+
+
+def test_one_section_in_the_config_leaves_the_others_at_their_defaults() -> None:
+    settings = parse_settings({"merge": {"strategy": "squash"}})
+    assert settings.merge.strategy == "squash"
+    assert settings.daemon == Settings().daemon
+    assert settings.events.retain == Settings().events.retain
+    assert settings.profiles().keys() >= {"example", "claude"}
+
+
+def test_agents_in_the_config_are_validated_profile_by_profile() -> None:
+    settings = parse_settings({"agents": {"mine": {"command": ["true"], "concurrency": 2}}})
+    assert settings.agents["mine"].concurrency == 2
+    with pytest.raises(ConfigError) as info:
+        parse_settings({"agents": {"mine": {"command": []}}})
+    assert info.value.details["problems"][0]["key"] == "agents.mine.command"

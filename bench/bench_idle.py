@@ -1,15 +1,18 @@
 """Idle cost: resident memory and CPU of a daemon nobody is asking anything.
 
-Three servers run side by side over the same window (idle processes do not compete):
+Four servers run side by side over the same window (idle processes do not compete):
 - gridd with no client (the figure the targets apply to);
 - gridd with one ``GET /events`` stream attached and read (an editor left open), reported
   for information;
-- the bare Starlette app of ``bench/bare_app.py`` (the baseline).
+- the bare Starlette app of ``bench/bare_app.py`` (the baseline);
+- the stack floor of ``bench/stack_app.py``: the libraries gridd runs on, loaded as gridd
+  loads them (uvicorn without its command line, pydantic with a model, SQLite in WAL mode),
+  and none of gridd's code. gridd's RSS above it is what gridd itself holds.
 
 After startup settles (2 s), RSS is read with psutil, then CPU is the ``cpu_times`` (user +
 system) delta over a 30 s window (5 s with ``--quick``) divided by the wall time.
 Targets: RSS <= 40 MB (issue 14; it was 60 MB before), CPU <= 0.5 %. Ratio: gridd RSS /
-bare app RSS.
+bare app RSS; also reported, gridd's RSS above the stack floor.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 import psutil
 
-from bench.common import Check, result, running_bare_app, running_gridd, temp_repo
+from bench.common import Check, result, running_app, running_bare_app, running_gridd, temp_repo
 
 NAME = "idle"
 RSS_TARGET_MB = 40.0
@@ -70,6 +73,7 @@ def run(quick: bool) -> dict[str, Any]:
         running_gridd(repo_a) as idle,
         running_gridd(repo_b) as watched,
         running_bare_app(repo_a.parent / f"{repo_a.name}-bare.sock") as bare,
+        running_app("bench.stack_app", repo_a.parent / f"{repo_a.name}-stack.sock") as stack,
     ):
         reader = _StreamReader(watched.sock)
         try:
@@ -78,6 +82,7 @@ def run(quick: bool) -> dict[str, Any]:
                 "gridd": psutil.Process(idle.pid),
                 "gridd_with_stream": psutil.Process(watched.pid),
                 "bare": psutil.Process(bare.pid),
+                "stack": psutil.Process(stack.pid),
             }
             rss0 = {k: p.memory_info().rss for k, p in procs.items()}
             uss = {k: p.memory_full_info().uss for k, p in procs.items()}
@@ -114,6 +119,7 @@ def run(quick: bool) -> dict[str, Any]:
             "value": round(rss_mb["bare"], 1),
             "unit": "MB",
             "cpu_pct": round(cpu["bare"], 3),
+            "stack_floor_rss_mb": round(rss_mb["stack"], 1),
         },
         ratio=rss["gridd"] / rss["bare"],
         ratio_label="gridd RSS / bare app RSS",
@@ -122,12 +128,15 @@ def run(quick: bool) -> dict[str, Any]:
             "rss_mb": {k: round(v, 1) for k, v in rss_mb.items()},
             "uss_mb": {k: round(v / MB, 1) for k, v in uss.items()},
             "cpu_pct": {k: round(v, 3) for k, v in cpu.items()},
+            "gridd_over_stack_floor_mb": round(rss_mb["gridd"] - rss_mb["stack"], 1),
             "stream_bytes_received": reader.received,
         },
         quick=quick,
         summary=f"RSS gridd {rss_mb['gridd']:.1f} MB, with a stream"
-        f" {rss_mb['gridd_with_stream']:.1f} MB, bare {rss_mb['bare']:.1f} MB; CPU gridd"
+        f" {rss_mb['gridd_with_stream']:.1f} MB, bare {rss_mb['bare']:.1f} MB, stack floor"
+        f" {rss_mb['stack']:.1f} MB (gridd {rss_mb['gridd'] - rss_mb['stack']:+.1f} MB); CPU gridd"
         f" {cpu['gridd']:.2f} %, with a stream {cpu['gridd_with_stream']:.2f} %,"
         f" bare {cpu['bare']:.2f} %",
-        notes="gridd_with_stream has one GET /events client attached (informational)",
+        notes="gridd_with_stream has one GET /events client attached (informational); stack:"
+        " bench/stack_app.py, gridd's libraries without gridd",
     )

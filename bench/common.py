@@ -281,12 +281,13 @@ def running_gridd(root: Path, *, timeout: float = 15.0) -> Iterator[Gridd]:
 
 
 @contextlib.contextmanager
-def running_bare_app(
-    sock_path: Path, *, timeout: float = 15.0
+def running_app(
+    module: str, sock_path: Path, *, timeout: float = 15.0
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """``bench/bare_app.py``: a plain Starlette app on uvicorn over ``sock_path``."""
+    """``python -m <module> <sock_path>``: a baseline server, answering ``/health`` when the
+    block starts; afterwards it is stopped and its socket and ``<socket>.*`` files removed."""
     proc = subprocess.Popen(
-        [PYTHON, "-m", "bench.bare_app", str(sock_path)],
+        [PYTHON, "-m", module, str(sock_path)],
         cwd=str(ROOT),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -296,7 +297,7 @@ def running_bare_app(
             lambda: proc.poll() is not None or health_ok(sock_path), timeout=timeout, interval=0.02
         )
         if not ok or proc.poll() is not None:
-            raise RuntimeError(f"bare app did not start (exit {proc.returncode})")
+            raise RuntimeError(f"{module} did not start (exit {proc.returncode})")
         yield proc
     finally:
         if proc.poll() is None:
@@ -306,5 +307,13 @@ def running_bare_app(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        with contextlib.suppress(FileNotFoundError):
-            sock_path.unlink()
+        for leftover in [sock_path, *sock_path.parent.glob(f"{sock_path.name}.*")]:
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+
+
+def running_bare_app(
+    sock_path: Path, *, timeout: float = 15.0
+) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
+    """``bench/bare_app.py``: a plain Starlette app on uvicorn over ``sock_path``."""
+    return running_app("bench.bare_app", sock_path, timeout=timeout)

@@ -304,6 +304,7 @@ class Commands:
             TaskStatus.WORKING,
             reason="rejected by a reviewer",
             feedback=feedback,
+            attempts=0,  # a new round of work: maxAttempts counts failed runs, not reviews
             sessions=0,
             summary=None,
             error=None,

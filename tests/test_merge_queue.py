@@ -274,6 +274,25 @@ def test_a_failing_check_refuses_the_merge(repo: Path, logdir: Path) -> None:
 # -- the review loop -------------------------------------------------------------------------------
 
 
+def test_a_rejected_task_starts_a_new_round_of_attempts_not_a_failed_one(
+    repo: Path, logdir: Path
+) -> None:
+    # maxAttempts counts failed runs: three rounds of review must not use up a budget of 1.
+    configure(repo, logdir)
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        c.post("/tasks", task("r", {"r.txt": "first\n"}, maxAttempts=1))
+        c.post("/session/start", {"featureBranch": "feature/rounds"})
+        assert wait_task_status(c, "r", "review")["attempts"] == 1
+        for n in range(2, 5):
+            rejected = c.post("/tasks/r/reject", {"feedback": f"round {n}"})
+            assert rejected["status"] == "working"
+            wait_for(lambda n=n: len(runs(logdir, "r")) == n, timeout=20)
+            again = wait_task_status(c, "r", "review")
+            assert again["attempts"] == 1
+            assert again["maxAttempts"] == 1
+
+
 def test_reject_reruns_the_agent_in_its_worktree_with_the_feedback(
     repo: Path, logdir: Path
 ) -> None:

@@ -167,6 +167,7 @@ class ConflictPolicy:
             TaskStatus.WORKING,
             reason=f"{error}; back to its agent",
             feedback=feedback,
+            attempts=0,  # a new round of work, as after a reviewer's reject
             sessions=0,
             summary=None,
             error=error,

@@ -6,9 +6,10 @@ snake_case; unknown keys are rejected so a typo never silently does nothing.
 
 from __future__ import annotations
 
+import difflib
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -392,12 +393,32 @@ class Settings(_Section):
         return {**builtin_profiles(), **self.agents}
 
 
-#: pydantic's own words for a key the model does not have (``extra="forbid"``).
-_UNKNOWN_KEY = "Extra inputs are not permitted"
-
-
 def _format_loc(loc: tuple[Any, ...]) -> str:
     return ".".join(str(part) for part in loc)
+
+
+def _unknown_key(loc: tuple[Any, ...]) -> str:
+    """The problem with a key no section has: the closest known key at its place, or the
+    keys known there."""
+    where: Any = Settings
+    for part in loc[:-1]:  # down to the model the key was found in
+        if isinstance(where, type) and issubclass(where, BaseModel):
+            field = where.model_fields.get(str(part))
+            where = field.annotation if field else None
+        else:  # the table of profiles: [agents.<name>]
+            where = get_args(where)[1] if get_origin(where) is dict else None
+    if not (isinstance(where, type) and issubclass(where, BaseModel)):
+        return "unknown key"
+    known = list(where.model_fields)
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+    if close:
+        return f"unknown key; did you mean '{close[0]}'?"
+    return f"unknown key (known: {', '.join(known)})"
+
+
+def _problem(loc: tuple[Any, ...], err_type: str, msg: str) -> dict[str, str]:
+    unknown = err_type == "extra_forbidden"
+    return {"key": _format_loc(loc), "problem": _unknown_key(loc) if unknown else msg}
 
 
 def _validate_section(key: str, value: Any) -> Any:
@@ -422,24 +443,26 @@ def parse_settings(data: dict[str, Any], *, source: str = "config") -> Settings:
             sections[key] = _validate_section(key, data[key])
         except ValidationError as exc:
             problems += [
-                {"key": _format_loc((key, *err["loc"])), "problem": err["msg"]}
-                for err in exc.errors()
+                _problem((key, *err["loc"]), err["type"], err["msg"]) for err in exc.errors()
             ]
     problems += [
-        {"key": str(key), "problem": _UNKNOWN_KEY}
-        for key in data
-        if key not in Settings.model_fields
+        _problem((key,), "extra_forbidden", "") for key in data if key not in Settings.model_fields
     ]
     if problems:
         first = problems[0]
+        key, problem = first["key"], first["problem"]
+        unknown = problem.removeprefix("unknown key")
         raise ConfigError(
-            f"{source}: invalid value for '{first['key']}': {first['problem']}",
+            f"{source}: unknown key '{key}'{unknown}"
+            if unknown != problem
+            else f"{source}: invalid value for '{key}': {problem}",
             details={"source": source, "problems": problems},
         )
     settings = Settings.model_construct(**sections)
     default = settings.scheduler.default_agent
     if default not in settings.profiles():
-        problem = f"names unknown agent profile {default!r} (known: {sorted(settings.profiles())})"
+        known = ", ".join(sorted(settings.profiles()))
+        problem = f"names unknown agent profile {default!r} (known: {known})"
         raise ConfigError(
             f"{source}: invalid value for 'scheduler.default_agent': {problem}",
             details={

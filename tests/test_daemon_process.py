@@ -345,7 +345,7 @@ def test_stopped_daemon_can_be_started_again_at_once(repo: Path) -> None:
     ("config", "expected"),
     [
         ("[events\nretain = 1\n", ["not valid TOML"]),
-        ("[events]\nretian = 100\n", ["'events.retian'", "Extra inputs are not permitted"]),
+        ("[events]\nretian = 100\n", ["'events.retian'", "did you mean 'retain'?"]),
         ('[events]\nretain = "many"\n', ["'events.retain'", "valid integer"]),
         ("[events]\nretain = 3\n", ["'events.retain'", "greater than or equal to 100"]),
     ],

@@ -36,8 +36,9 @@ def test_config_file_values_override_defaults(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "key", "problem"),
     [
-        ("[events]\nretian = 5\n", "events.retian", "Extra inputs are not permitted"),
-        ("[bogus]\nx = 1\n", "bogus", "Extra inputs are not permitted"),
+        ("[events]\nretian = 5\n", "events.retian", "did you mean 'retain'?"),
+        ("[bogus]\nx = 1\n", "bogus", "(known: daemon, events,"),
+        ("[agents.mine]\ncommand = ['x']\nadaptr = 'y'\n", "agents.mine.adaptr", "'adapter'?"),
         ('[events]\nretain = "lots"\n', "events.retain", "valid integer"),
         ("[events]\nretain = 5\n", "events.retain", "greater than or equal to 100"),
         ("[events]\nkeepalive_seconds = 60\n", "events.keepalive_seconds", "less than or equal"),

@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gridd.cli import daemonctl
-from gridd.cli.render import parse_state, status_view
+from gridd.cli.render import STOP_REASONS, parse_state, status_view
 from gridd.client import GridClient
 from gridd.errors import GriddError
 from gridd.workspace import Workspace
@@ -198,8 +198,11 @@ def describe(event_type: str, data: Any) -> str | None:
         return f"{data['taskId']} conflicts with {FEATURE} in {', '.join(data['files'])}"
     if event_type == "agent.failed":
         return f"{data['taskId']} failed: {data['error']}"
-    if event_type in ("session.started", "session.stopped"):
-        return f"{event_type} {data}"
+    if event_type == "session.started":
+        return f"session started on {data['featureBranch']}, at most {data['maxAgents']} agents"
+    if event_type == "session.stopped":
+        reason = data["reason"]
+        return f"session stopped ({reason}: {STOP_REASONS.get(reason, 'see gridctl status')})"
     return None
 
 

@@ -440,6 +440,18 @@ def test_a_stopped_session_shows_why_and_what_it_spent() -> None:
     assert render.summary_line(state).startswith("no session (stopped: budget_exhausted), 0")
 
 
+def test_a_session_stopped_for_lack_of_agent_work_points_at_the_tasks_waiting_for_review() -> None:
+    session = SessionState(stop_reason="no_work", stopped_at=NOW)
+    state = _state(session=session, stats=Stats(review=2, done=1))
+    text = _text(render.status_view(state, now=NOW + timedelta(seconds=5)))
+    assert (
+        "session stopped (no_work: no work was left for agents; 2 in review wait for you"
+        " (gridctl task approve)) 5s ago" in text
+    )
+    idle = _text(render.status_view(_state(session=session, stats=Stats(done=3)), now=NOW))
+    assert "session stopped (no_work: no work was left for agents) 0s ago" in idle
+
+
 def test_task_list_and_show_have_sessions_cost_waiting_and_resume_time() -> None:
     waiting = Task(
         id="t1",

@@ -133,7 +133,7 @@ def budget_text(session: SessionState, spent: float) -> str:
 STOP_REASONS = {
     "user": "stopped by a person",
     "budget_exhausted": "the budget is spent",
-    "no_work": "no work was left",
+    "no_work": "no work was left for agents",
     "stop_file": "a STOP file asked for it",
     "error": "an error",
 }
@@ -148,10 +148,12 @@ def _session_line(state: RepoState, *, now: datetime | None = None) -> Text:
         reason = s.stop_reason or "unknown"
         meaning = STOP_REASONS.get(reason)
         when = f" {ago(s.stopped_at, now=now)}" if s.stopped_at else ""
+        waiting = state.stats.review
+        review = f"; {waiting} in review wait for you (gridctl task approve)" if waiting else ""
         return Text.assemble(
             ("session ", "dim"),
             ("stopped", "bold"),
-            f" ({reason}{': ' + meaning if meaning else ''}){when}  spent {spent}",
+            f" ({reason}{': ' + meaning if meaning else ''}{review}){when}  spent {spent}",
         )
     since = f", since {s.started_at:%Y-%m-%d %H:%M:%S}" if s.started_at else ""
     return Text.assemble(

@@ -391,3 +391,18 @@ def test_killing_an_agent_parks_its_task_as_blocked(repo: Path, tmp_path: Path) 
         task = c.get("/tasks/killme")
         assert task["status"] == "blocked" and "killed" in task["error"]
         assert error_of(raw(c).post(f"/agents/{agent_id}/kill"), 409)["code"] == "agent_exited"
+
+
+def test_problems_in_a_posted_task_are_named_as_in_the_body_sent(shared: DaemonProc) -> None:
+    c = shared.client()
+    before = c.get("/tasks")
+    one = error_of(raw(c).post("/tasks", json={"title": "x", "priorty": 1}), 422)
+    assert one["details"]["problems"][0]["field"] == "priorty"
+    assert one["message"].startswith("invalid request: priorty: ")
+    listed = error_of(raw(c).post("/tasks", json=[{"title": "ok"}, {"title": "y", "pri": 1}]), 422)
+    assert [p["field"] for p in listed["details"]["problems"]] == ["1.pri"]
+    neither = error_of(raw(c).post("/tasks", json="just a string"), 422)
+    assert neither["message"] == "invalid request: the body must be a task object or a list of them"
+    empty = error_of(raw(c).post("/tasks", json=[]), 422)
+    assert empty["details"]["problems"][0]["field"] == "(body)"
+    assert c.get("/tasks") == before

@@ -108,19 +108,22 @@ async def read_json(request: Request) -> Any:
     return await read_document(request)
 
 
-def validation_details(exc: ValidationError) -> list[dict[str, Any]]:
-    return [
-        {"field": ".".join(str(p) for p in err["loc"]) or "(body)", "problem": err["msg"]}
-        for err in exc.errors()
-    ]
+def validation_details(exc: ValidationError, within: str = "") -> list[dict[str, Any]]:
+    """Each problem and the field it is in; ``within``: the field the body was wrapped in,
+    left out of the names (they then name places in the body as it was sent)."""
+    problems = []
+    for err in exc.errors():
+        loc = err["loc"][1:] if within and err["loc"][:1] == (within,) else err["loc"]
+        problems.append({"field": ".".join(str(p) for p in loc) or "(body)", "problem": err["msg"]})
+    return problems
 
 
-def validate(model: type[M], data: Any) -> M:
+def validate(model: type[M], data: Any, *, within: str = "") -> M:
     """Validate ``data`` against ``model``; a 422 naming each bad field otherwise."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        problems = validation_details(exc)
+        problems = validation_details(exc, within)
         first = problems[0]
         raise ValidationFailed(
             f"invalid request: {first['field']}: {first['problem']}",

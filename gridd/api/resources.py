@@ -12,7 +12,7 @@ from gridd.api.body import read_document
 from gridd.api.errors import query_flag, query_int, read_body, read_json, validate
 from gridd.api.paging import PAGE_QUERY, page_of, paged
 from gridd.api.spec import grid_of, table, wire
-from gridd.errors import BadRequest
+from gridd.errors import BadRequest, ValidationFailed
 from gridd.git import diff, report
 from gridd.git.diff import TaskDiff
 from gridd.git.report import FeatureReport
@@ -113,9 +113,19 @@ async def create_tasks(request: Request) -> Response:
         raise BadRequest(
             "request body required: a task object or a list of them", code="empty_body"
         )
+    # Problems name places in the body as it was sent: "priority", or "0.priority" in a list.
     single = isinstance(data, dict)
-    plan = validate(PlanSpec, {"tasks": [data] if single else data})
-    created = grid_of(request).commands.create_tasks(plan.tasks)
+    if single:
+        specs = [validate(TaskSpec, data)]
+    elif isinstance(data, list):
+        specs = validate(PlanSpec, {"tasks": data}, within="tasks").tasks
+    else:
+        problem = "the body must be a task object or a list of them"
+        raise ValidationFailed(
+            f"invalid request: {problem}",
+            details={"problems": [{"field": "(body)", "problem": problem}]},
+        )
+    created = grid_of(request).commands.create_tasks(specs)
     return wire(created[0] if single else created, status=201)  # type: ignore[arg-type]
 
 

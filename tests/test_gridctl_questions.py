@@ -475,6 +475,25 @@ def test_task_list_and_show_have_sessions_cost_waiting_and_resume_time() -> None
     assert "max sessions" not in shown and "cost usd" not in shown
 
 
+def test_a_narrow_terminal_keeps_task_ids_whole_and_drops_the_least_needed_columns() -> None:
+    tasks = [
+        Task(id="write-hello-0a7f3c", title="w", depends_on=["setup-project-1b2c3d"]),
+        Task(id="setup-project-1b2c3d", title="s", branch="grid/setup-project-1b2c3d"),
+    ]
+    console = Console(record=True, width=80)
+    console.print(render_tasks.task_table(tasks, now=NOW))
+    text = console.export_text()
+    assert all(len(line) <= 80 for line in text.splitlines())
+    header = text.splitlines()[2]
+    for kept in ("id", "status", "pri", "deps", "attempts"):
+        assert f" {kept} " in header, kept
+    assert "branch" not in header and "sessions" not in header
+    assert "write-hello-0a7f3c " in text and "setup-project-1b2c3d " in text  # never cut
+    assert "…" not in text
+    wide = _text(render_tasks.task_table(tasks, now=NOW))  # 220 columns: all of them
+    assert all(f" {name} " in wide for name in (*render_tasks.TASK_COLUMNS, "updated"))
+
+
 def test_the_questions_table_with_all_shows_answers_and_close_reasons() -> None:
     answered = _question(
         "q1",

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from gridd.cli import completion
+from gridd.cli.gridctl import build_parser
 from tests.helpers import gridctl
 
 
@@ -81,3 +83,13 @@ def test_unknown_shell_is_a_usage_error(tmp_path: Path) -> None:
     result = gridctl(tmp_path, "completion", "powershell")
     assert result.returncode == 2
     assert "invalid choice" in result.stderr
+
+
+def test_an_alias_is_listed_once_beside_its_command_and_still_runs_it() -> None:
+    parser = build_parser()
+    listing = parser.format_help()
+    assert "task (tasks)" in listing
+    assert not any(line.split()[:1] == ["tasks"] for line in listing.splitlines())
+    assert parser.parse_args(["tasks", "list"]).action == "list"
+    fish = completion.script("fish", parser)
+    assert "-a tasks -d" in fish and "-a task -d" in fish

@@ -31,9 +31,12 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 
 def _helps(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Each subcommand's help, an alias's being its command's (they share one parser)."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            return {a.dest: a.help or "" for a in action._choices_actions}
+            helps = {a.dest: a.help or "" for a in action._choices_actions}
+            named = {id(action.choices[name]): text for name, text in helps.items()}
+            return {name: named[id(child)] for name, child in action.choices.items()}
     return {}
 
 

@@ -111,11 +111,19 @@ def add_commands(
     dest: str,
     metavar: str,
 ) -> None:
-    """One subparser per command; the chosen command's ``run`` lands in ``args.<dest>_run``."""
+    """One subparser per command; the chosen command's ``run`` lands in ``args.<dest>_run``.
+    A command listed under a second name is that name's alias (``task``, ``tasks``)."""
     sub = parser.add_subparsers(dest=dest, metavar=metavar, required=True)
+    names: dict[int, list[str]] = {}
     for name, command in commands.items():
+        names.setdefault(id(command), []).append(name)
+    for name, *aliases in names.values():
+        command = commands[name]
         child = sub.add_parser(
-            name, help=command.help, description=command.description or command.help
+            name,
+            aliases=aliases,
+            help=command.help,
+            description=command.description or command.help,
         )
         command.build(child)
         add_global_options(child)

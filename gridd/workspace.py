@@ -124,23 +124,69 @@ class Workspace:
 
 
 def find_workspace(path: Path | None = None) -> Workspace:
-    """The git top level of ``path`` (or the cwd); a clear error outside a repository."""
-    start = (path or Path.cwd()).resolve()
+    """The workspace holding ``path`` (or the cwd); a clear error outside a repository.
+
+    That is the git top level, except in a worktree gridd made for a task
+    (``<root>/.grid/worktrees/<task>``) or for merging (``<root>/.grid/integration``):
+    agents and gate checks run there and may call ``gridctl``, which must reach the daemon
+    at ``<root>``, not start another one. A worktree the user added anywhere else is a
+    workspace of its own, as any other checkout is.
+    """
+    start = _resolved(path or Path.cwd())
     if not start.is_dir():
         raise WorkspaceError(f"not a directory: {start}", details={"path": str(start)})
-    try:
-        proc = subprocess.run(
-            ["git", "-C", str(start), "rev-parse", "--show-toplevel"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-    except FileNotFoundError:
-        raise WorkspaceError("git is not installed or not on PATH", code="git_missing") from None
-    if proc.returncode != 0:
+    top = _git_path(start, "--show-toplevel")
+    if top is None:
         raise WorkspaceError(
             f"not inside a git repository: {start} (run 'git init' there, or pass --workspace)",
             code="not_a_git_repo",
             details={"path": str(start)},
         )
-    return Workspace(root=Path(proc.stdout.strip()).resolve())
+    return Workspace(root=_owner_of_grid_worktree(top) or top)
+
+
+def _owner_of_grid_worktree(top: Path) -> Path | None:
+    """The root whose ``.grid/`` holds the worktree ``top``, when ``top`` is shaped like one
+    of gridd's and git agrees that it is a linked worktree of the repository at that root
+    (a directory merely named so, or a separate repository there, is left alone)."""
+    if top.parent.name == "worktrees" and top.parent.parent.name == ".grid":
+        root = top.parent.parent.parent
+    elif top.name == "integration" and top.parent.name == ".grid":
+        root = top.parent.parent
+    else:
+        return None
+    if _git_path(root, "--show-toplevel") != root:
+        return None
+    common = _git_path(top, "--git-common-dir")
+    if common is None or common != _git_path(root, "--git-common-dir"):
+        return None
+    return root
+
+
+def _git_path(where: Path, flag: str) -> Path | None:
+    """``git rev-parse <flag>`` run in ``where``, as an absolute resolved path (None when
+    git says no: not a repository, or one it cannot read)."""
+    try:
+        proc = subprocess.run(
+            ["git", "-C", str(where), "rev-parse", flag],
+            capture_output=True,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise WorkspaceError("git is not installed or not on PATH", code="git_missing") from None
+    # Bytes, decoded as the file system does: a directory name need not be UTF-8.
+    out = os.fsdecode(proc.stdout.removesuffix(b"\n"))
+    if proc.returncode != 0 or not out:
+        return None
+    # --git-common-dir may answer relative to ``where``; a top level is always absolute.
+    return _resolved(where / out)
+
+
+def _resolved(path: Path) -> Path:
+    """``path`` made absolute with its links followed; a loop of links is a clear error."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError, ValueError) as exc:  # RuntimeError: a loop (Python < 3.13)
+        raise WorkspaceError(
+            f"cannot resolve the workspace path {path}: {exc}", details={"path": str(path)}
+        ) from None

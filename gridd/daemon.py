@@ -289,6 +289,16 @@ def use_pidfd_child_watcher() -> bool:
     return True
 
 
+def check_startup_config(ws: Workspace) -> Settings:
+    """The settings a start runs with: ``config.toml`` valid, its commands trusted, its
+    agents' adapters known. ``gridd --check-config`` runs this alone, so that ``gridctl
+    daemon restart`` and ``upgrade`` refuse a bad config before they stop anything."""
+    settings = load_settings(ws.config_path)
+    trust.require(ws.root, ws.config_path, os.environ)
+    check_profiles(settings, source=str(ws.config_path))
+    return settings
+
+
 def run(workspace: Path | None = None) -> int:
     """Run the daemon in the foreground until it is told to stop. Returns the exit status."""
     try:
@@ -303,9 +313,7 @@ def run(workspace: Path | None = None) -> int:
     store: Store | None = None
     logging_ready = False
     try:
-        settings = load_settings(ws.config_path)
-        trust.require(ws.root, ws.config_path, os.environ)
-        check_profiles(settings, source=str(ws.config_path))
+        settings = check_startup_config(ws)
         setup_logging(ws, settings)
         logging_ready = True
         store = Store.open(ws.db_path)

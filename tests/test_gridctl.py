@@ -126,6 +126,22 @@ def test_daemon_restart_replaces_the_process(ws: Path) -> None:
     assert [p.pid for p in daemons_serving(ws)] == [after]
 
 
+def test_restart_and_upgrade_refuse_a_bad_config_before_stopping_the_daemon(ws: Path) -> None:
+    assert gridctl(ws, "daemon", "start").returncode == 0
+    pid = int(pid_file(ws).read_text())
+    (ws / ".grid" / "config.toml").write_text("[daemon]\nlog_max_bytes = 100\n")
+    for action in ("restart", "upgrade"):
+        refused = gridctl(ws, "daemon", action)
+        assert refused.returncode == 1, refused.stdout
+        assert "'daemon.log_max_bytes'" in refused.stderr
+        assert f"Nothing was stopped: fix it, then run the {action} again" in refused.stderr
+        assert "Traceback" not in refused.stderr
+        assert [p.pid for p in daemons_serving(ws)] == [pid]  # still serving, untouched
+    (ws / ".grid" / "config.toml").write_text("[daemon]\nlog_max_bytes = 8192\n")
+    assert gridctl(ws, "daemon", "restart").returncode == 0
+    assert [p.pid for p in daemons_serving(ws)] != [pid]
+
+
 def test_concurrent_auto_starts_leave_exactly_one_daemon(ws: Path) -> None:
     procs = [
         subprocess.Popen(

@@ -246,8 +246,40 @@ def _print_stop(ws: Workspace) -> None:
         print(f"gridd stopped for {ws.root} (was pid {stopped.pid})")
 
 
+def check_config(ws: Workspace, *, doing: str) -> None:
+    """Ask the installed ``gridd --check-config`` whether a start would accept the
+    workspace's config; raise with its reason when not, before ``doing`` stops anything."""
+    argv = [sys.executable, "-m", "gridd.cli.gridd_main", "--check-config"]
+    try:
+        result = subprocess.run(
+            [*argv, "--workspace", str(ws.root)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise GriddError(
+            f"could not check the config before the {doing}: {exc}; nothing was stopped",
+            code="config_check_failed",
+        ) from None
+    if result.returncode != 0:
+        lines = result.stderr.strip().splitlines() or [
+            f"gridd --check-config: exit {result.returncode}"
+        ]
+        reason = lines[-1].removeprefix("gridd: ")
+        raise GriddError(
+            f"{reason}. Nothing was stopped: fix it, then run the {doing} again",
+            code="config_invalid",
+            details={"check": lines[-1]},
+        )
+
+
 def run_action(ws: Workspace, action: str) -> int:
     """Run one of ACTIONS, printing what happened. Exit status 3: ``status`` found nothing."""
+    if action == "restart":
+        check_config(ws, doing="restart")
     if action in ("stop", "restart"):
         _print_stop(ws)
     if action in ("start", "restart"):

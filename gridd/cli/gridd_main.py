@@ -33,6 +33,14 @@ def build_parser() -> argparse.ArgumentParser:
         " (integrity, schema version); print a JSON report, exit 0 if it can, 1 if not."
         " Safe while another gridd serves the workspace (an upgrade runs it first)",
     )
+    parser.add_argument(
+        "--check-config",
+        action="store_true",
+        help="do not run: check that this gridd could start with the workspace's"
+        " .grid/config.toml (values, agent adapters, trust of its commands); print the"
+        " problem and exit 1, or exit 0. Safe while another gridd serves the workspace"
+        " ('gridctl daemon restart' and 'upgrade' run it first)",
+    )
     parser.add_argument("--version", action="version", version=f"gridd {__version__}")
     return parser
 
@@ -41,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.check_state:
         return check_state(args.workspace)
+    if args.check_config:
+        return check_config(args.workspace)
     from gridd.lean import pause_gc_until_serving, without_pydantic_plugins
 
     without_pydantic_plugins()  # before the daemon's first pydantic model
@@ -48,6 +58,22 @@ def main(argv: list[str] | None = None) -> int:
     from gridd.daemon import run
 
     return run(args.workspace)
+
+
+def check_config(workspace: Path | None) -> int:
+    from gridd.daemon import check_startup_config
+    from gridd.errors import GriddError
+    from gridd.workspace import find_workspace
+
+    try:
+        ws = find_workspace(workspace)
+        check_startup_config(ws)
+    except GriddError as exc:
+        print(f"gridd: {exc.message}", file=sys.stderr)
+        return 1
+    found = ws.config_path.exists()
+    print(f"gridd: {ws.config_path}: {'ok' if found else 'none, all defaults'}")
+    return 0
 
 
 def check_state(workspace: Path | None) -> int:

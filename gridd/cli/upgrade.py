@@ -173,6 +173,7 @@ def classify(
 def run_upgrade(ws: Workspace) -> int:
     old = daemonctl.probe(ws)
     report = check_new_version(ws)
+    daemonctl.check_config(ws, doing="upgrade")
     print(
         f"state check by gridd {report['gridd_version']}: schema {report['schema']}"
         f" (supports {report['supported_schema']}), quick_check {report['integrity']}"

@@ -203,3 +203,33 @@ def test_a_corrupt_database_fails(repo: Path, env: dict[str, str]) -> None:
     assert code == 1
     assert checks["database"]["verdict"] == "fail"
     assert "quarantine" in checks["database"]["fix"] or "moves" in checks["database"]["fix"]
+
+
+def test_a_pid_file_naming_a_program_that_reused_the_pid_is_a_warning_not_a_kill(
+    repo: Path, env: dict[str, str]
+) -> None:
+    grid = repo / ".grid"
+    grid.mkdir(mode=0o700, exist_ok=True)
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        (grid / "gridd.pid").write_text(f"{other.pid}\n")
+        code, checks = doctor(repo, env)
+        pid_check = checks["pid file"]
+        assert pid_check["verdict"] == "warn"
+        assert "not a gridd" in pid_check["detail"] and "sleep 60" in pid_check["detail"]
+        assert "kill" not in pid_check["fix"]
+        assert checks["lock"]["verdict"] == "ok"
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_an_empty_database_file_is_a_warning_not_ok(repo: Path, env: dict[str, str]) -> None:
+    grid = repo / ".grid"
+    grid.mkdir(mode=0o700, exist_ok=True)
+    (grid / "gridd.db").write_bytes(b"")
+    code, checks = doctor(repo, env)
+    assert checks["database"]["verdict"] == "warn"
+    assert "empty (0 bytes)" in checks["database"]["detail"]
+    assert (grid / "gridd.db").stat().st_size == 0  # doctor changes nothing

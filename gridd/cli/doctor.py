@@ -94,6 +94,7 @@ def _describe(pid: int) -> str:
 def check_pid_and_lock(ws: Workspace, answering_pid: int | None) -> list[Check]:
     checks = []
     pid = daemonctl._read_pid(ws.pid_path)
+    holder = lock_holder(ws.lock_path)
     if pid is not None and pid != answering_pid:
         if daemonctl._process(pid) is None:
             checks.append(
@@ -102,6 +103,17 @@ def check_pid_and_lock(ws: Workspace, answering_pid: int | None) -> list[Check]:
                     "warn",
                     f"{ws.pid_path} names pid {pid}, which is"
                     " not running: left by a daemon that was killed",
+                    f"harmless (overwritten at the next start); rm {ws.pid_path}",
+                )
+            )
+        elif holder != pid and not daemonctl._looks_like_gridd(pid):
+            # The daemon that wrote it is gone and its pid went to another program.
+            checks.append(
+                Check(
+                    "pid file",
+                    "warn",
+                    f"{ws.pid_path} names pid {pid}, now {_describe(pid)}: not a gridd (the"
+                    " daemon that wrote it has ended; its pid was reused)",
                     f"harmless (overwritten at the next start); rm {ws.pid_path}",
                 )
             )
@@ -117,7 +129,6 @@ def check_pid_and_lock(ws: Workspace, answering_pid: int | None) -> list[Check]:
             )
     else:
         checks.append(Check("pid file", "ok", "none, or the answering daemon's"))
-    holder = lock_holder(ws.lock_path)
     if holder is None or holder == answering_pid:
         checks.append(Check("lock", "ok", "free, or held by the answering daemon"))
     else:
@@ -169,6 +180,15 @@ def check_database(ws: Workspace) -> Check:
         return Check("database", "fail", str(report["problem"]), fix)
     if not report.get("exists"):
         return Check("database", "ok", "no database yet (created at first start)")
+    with contextlib.suppress(OSError):
+        if ws.db_path.stat().st_size == 0:
+            return Check(
+                "database",
+                "warn",
+                f"{ws.db_path} is empty (0 bytes): it holds no state",
+                "if gridd had a database here, its state is lost: the next start keeps the"
+                " empty file aside and starts afresh (see docs/operations.md, recovery)",
+            )
     counts = ", ".join(f"{v} {k}" for k, v in report.get("counts", {}).items())
     return Check(
         "database",

@@ -220,6 +220,7 @@ def test_a_pid_file_naming_a_program_that_reused_the_pid_is_a_warning_not_a_kill
         assert "kill" not in pid_check["fix"]
         assert checks["lock"]["verdict"] == "ok"
         assert other.poll() is None
+        assert code == 0  # a warning: nothing needs action
     finally:
         other.kill()
         other.wait()
@@ -233,3 +234,4 @@ def test_an_empty_database_file_is_a_warning_not_ok(repo: Path, env: dict[str, s
     assert checks["database"]["verdict"] == "warn"
     assert "empty (0 bytes)" in checks["database"]["detail"]
     assert (grid / "gridd.db").stat().st_size == 0  # doctor changes nothing
+    assert code == 0

@@ -46,7 +46,8 @@ def build_events(parser: argparse.ArgumentParser) -> None:
         "--follow",
         "-f",
         action="store_true",
-        help="keep printing new events until Ctrl-C, reconnecting if the daemon restarts",
+        help="keep printing new events until Ctrl-C; if the daemon restarts, reconnect and go on"
+        f" (after {RECONNECT_TIMEOUT:g} s with no daemon it stops, saying how to resume)",
     )
     parser.add_argument(
         "--types",

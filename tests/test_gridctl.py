@@ -142,6 +142,21 @@ def test_restart_and_upgrade_refuse_a_bad_config_before_stopping_the_daemon(ws: 
     assert [p.pid for p in daemons_serving(ws)] != [pid]
 
 
+def test_daemon_start_and_status_say_when_the_daemon_runs_degraded(ws: Path) -> None:
+    grid = ws / ".grid"
+    grid.mkdir(mode=0o700, exist_ok=True)
+    (grid / "gridd.db").write_bytes(b"SQLite format 3\x00" + os.urandom(8192))
+    started = gridctl(ws, "daemon", "start")
+    assert started.returncode == 0, started.stderr
+    status = gridctl(ws, "daemon", "status")
+    for out in (started.stdout, status.stdout):
+        assert "  degraded: state database was unreadable" in out
+        assert "moved aside to" in out and "gridctl doctor" in out
+    assert gridctl(ws, "daemon", "stop").returncode == 0
+    assert gridctl(ws, "daemon", "start").returncode == 0
+    assert "degraded" not in gridctl(ws, "daemon", "status").stdout  # a fresh start is ok
+
+
 def test_concurrent_auto_starts_leave_exactly_one_daemon(ws: Path) -> None:
     procs = [
         subprocess.Popen(

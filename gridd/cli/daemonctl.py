@@ -34,11 +34,13 @@ OUT_TAIL_LINES = 20
 
 @dataclass(frozen=True)
 class DaemonStatus:
-    """What the socket says about the daemon: pid, version and uptime."""
+    """What the socket says about the daemon: pid, version and uptime, and what its
+    ``/health`` says is wrong (empty when it is ok)."""
 
     pid: int
     version: str
     uptime: float
+    problems: tuple[str, ...] = ()
 
 
 def out_path(ws: Workspace) -> Path:
@@ -56,9 +58,25 @@ def probe(ws: Workspace, *, timeout: float = 2.0) -> DaemonStatus | None:
             version = client.get("/version")
     except DaemonUnreachable:
         return None
+    parts = health.get("parts") or {}
+    problems = [
+        *(f"{part} is {parts.get(part, 'down')}" for part in health.get("degraded") or []),
+        *(str(w) for w in health.get("warnings") or []),
+    ]
     return DaemonStatus(
-        pid=int(health["pid"]), version=str(version["version"]), uptime=float(health["uptime"])
+        pid=int(health["pid"]),
+        version=str(version["version"]),
+        uptime=float(health["uptime"]),
+        problems=tuple(problems),
     )
+
+
+def _print_problems(status: DaemonStatus) -> None:
+    """A degraded daemon's reasons, under the line that says it runs."""
+    for problem in status.problems:
+        print(f"  degraded: {problem}")
+    if status.problems:
+        print("  see 'gridctl status' and 'gridctl doctor'")
 
 
 def _process(pid: int) -> psutil.Process | None:
@@ -236,6 +254,7 @@ def _print_start(ws: Workspace) -> None:
         print(f"  log: {ws.log_path}  startup output: {out_path(ws)}")
     else:
         print(f"gridd is already running for {ws.root} (pid {status.pid}, {status.version})")
+    _print_problems(status)
 
 
 def _print_stop(ws: Workspace) -> None:
@@ -297,4 +316,5 @@ def run_action(ws: Workspace, action: str) -> int:
             f"gridd is running for {ws.root}: pid {status.pid}, version {status.version},"
             f" up {duration(status.uptime)}, socket {ws.socket_path}"
         )
+        _print_problems(status)
     return 0

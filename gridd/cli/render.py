@@ -8,12 +8,12 @@ and waves have their own module, ``render_tasks``.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
@@ -165,10 +165,13 @@ def _session_line(state: RepoState, *, now: datetime | None = None) -> Text:
 
 def _task_counts(state: RepoState) -> RenderableType:
     counts = state.stats.model_dump()
+    present = [s.value for s in TaskStatus if counts.get(s.value, 0)]
+    if not present:
+        return Text(f"tasks ({len(state.tasks)}): none", style="dim")
     table = Table(title=f"tasks ({len(state.tasks)})", title_justify="left", box=None)
-    for status in TaskStatus:
-        table.add_column(status.value, justify="right")
-    table.add_row(*(str(counts.get(status.value, 0)) for status in TaskStatus))
+    for status in present:  # the statuses some task is in: ten columns do not fit 80
+        table.add_column(status, justify="right")
+    table.add_row(*(str(counts.get(status, 0)) for status in present))
     return table
 
 
@@ -245,36 +248,91 @@ def _spend(agent: Agent) -> str:
     return f"{money(agent.cost_usd)}, {shown} tokens"
 
 
+class FittedTable:
+    """A table laid out for the width it is printed in. When its columns do not all fit,
+    those in ``give_way`` are left out, in that order, until the rest do; the columns kept
+    show their cells whole, except those in ``wrapped`` (name -> width), which wrap there."""
+
+    def __init__(
+        self,
+        title: str,
+        columns: Sequence[str],
+        rows: Sequence[Mapping[str, Text]],
+        *,
+        give_way: Sequence[str],
+        wrapped: Mapping[str, int] | None = None,
+        right: Sequence[str] = (),
+    ) -> None:
+        self.title, self.names, self.rows = title, list(columns), rows
+        self.give_way, self.wrapped, self.right = give_way, dict(wrapped or {}), set(right)
+
+    def width_of(self, name: str) -> int:
+        widest = max([len(name), *(row[name].cell_len for row in self.rows)])
+        return min(widest, self.wrapped.get(name, widest))
+
+    def columns(self, max_width: int) -> list[str]:
+        """The columns shown in ``max_width`` cells: all, or all but those that gave way."""
+        shown = list(self.names)
+        for name in self.give_way:
+            # Each column takes its widest cell, a space either side and one border.
+            if sum(self.width_of(n) + 3 for n in shown) + 1 <= max_width:
+                break
+            shown.remove(name)
+        return shown
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        shown = self.columns(options.max_width)
+        table = Table(title=self.title, title_justify="left")
+        for name in shown:
+            wraps = name in self.wrapped
+            table.add_column(
+                name,
+                no_wrap=not wraps,
+                min_width=len(name) if wraps else self.width_of(name),
+                justify="right" if name in self.right else "left",
+            )
+        for row in self.rows:
+            table.add_row(*(row[name] for name in shown))
+        yield table
+
+
 def agents_table(
     agents: Iterable[Agent], *, empty: str = "no agents", now: datetime | None = None
 ) -> RenderableType:
     """Agents, one row each: id, task (and session), profile, status (exit code, how long it
     has waited, stalled), pid, age, cost (and tokens), activity (the tool in use, if any) and
     last output."""
-    rows = list(agents)
-    if not rows:
+    agents = list(agents)
+    if not agents:
         return Text(empty, style="dim")
-    table = Table(title=f"agents ({len(rows)})", title_justify="left")
     columns = ("agent", "task", "profile", "status", "pid", "running for", "cost", "activity")
-    for name in (*columns, "last output"):
-        table.add_column(name, no_wrap=name not in {"activity", "last output"})
-    for a in rows:
+    rows = []
+    for a in agents:
         elapsed = ((a.ended_at or now or utcnow()) - a.started_at).total_seconds()
         task = a.task_id if a.session_number <= 1 else f"{a.task_id} (session {a.session_number})"
-        table.add_row(
-            Text(a.id),
-            Text(task),
-            Text(a.profile),
-            agent_status(a, now=now),
-            *_plain(
-                str(a.pid) if a.pid is not None else "-",
-                duration(max(elapsed, 0.0)),
-                _spend(a),
-                _activity(a),
-                clip(a.last_output, 60),
-            ),
+        cells = _plain(
+            str(a.pid) if a.pid is not None else "-",
+            duration(max(elapsed, 0.0)),
+            _spend(a),
+            _activity(a),
+            clip(a.last_output, 60),
         )
-    return table
+        rows.append(
+            dict(
+                zip(
+                    (*columns, "last output"),
+                    (Text(a.id), Text(task), Text(a.profile), agent_status(a, now=now), *cells),
+                    strict=True,
+                )
+            )
+        )
+    return FittedTable(
+        f"agents ({len(agents)})",
+        (*columns, "last output"),
+        rows,
+        give_way=("pid", "cost", "profile", "running for", "activity"),
+        wrapped={"activity": 24, "last output": 40},
+    )
 
 
 def _question_wait(question: Question, *, now: datetime | None = None) -> str:

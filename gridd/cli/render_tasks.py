@@ -9,11 +9,19 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from gridd.cli.render import agent_status, ago, duration, money, resume_text, waited
+from gridd.cli.render import (
+    FittedTable,
+    agent_status,
+    ago,
+    duration,
+    money,
+    resume_text,
+    waited,
+)
 from gridd.model import Agent, Task, TaskStatus
 
 STATUS_STYLES = {
@@ -45,68 +53,38 @@ def task_status(task: Task, *, now: datetime | None = None) -> Text:
 
 
 #: The task table's columns, and the order they give way in when the terminal is too narrow
-#: for all of them (``branch`` first: it is ``grid/<id>``). The rest are always shown, the
-#: id in full: it is what every other command takes.
+#: for all of them (``branch`` first: it is ``grid/<id>``). The id always shows whole: it
+#: is what every other command takes.
 TASK_COLUMNS = ("id", "status", "pri", "deps", "agent", "attempts", "sessions", "cost", "branch")
-_GIVE_WAY = ("branch", "sessions", "cost", "updated", "agent")
-#: Columns wrapped rather than widened: past this width they wrap.
-_WRAPPED = {"deps": 24}
 
 
-class TaskTable:
-    """``gridctl task list``: one row per task, laid out for the width it is printed in."""
-
-    def __init__(self, tasks: Sequence[Task], *, now: datetime | None = None) -> None:
-        self.rows = [
-            {
-                "id": Text(t.id),
-                "status": task_status(t, now=now),
-                "pri": Text(str(t.priority)),
-                "deps": Text(", ".join(t.depends_on) or "-"),
-                "agent": Text(t.agent or "(default)", style="" if t.agent else "dim"),
-                "attempts": Text(f"{t.attempts}/{t.max_attempts}"),
-                "sessions": Text(f"{t.sessions}/{t.max_sessions}"),
-                "cost": Text(money(t.cost_usd)),
-                "branch": Text(t.branch or "-"),
-                "updated": Text(ago(t.updated_at, now=now)),
-            }
-            for t in tasks
-        ]
-
-    def _width(self, name: str) -> int:
-        widest = max([len(name), *(row[name].cell_len for row in self.rows)])
-        return min(widest, _WRAPPED.get(name, widest))
-
-    def columns(self, max_width: int) -> list[str]:
-        """The columns shown in ``max_width`` cells: all, or all but those that gave way."""
-        shown = [*TASK_COLUMNS, "updated"]
-        for name in _GIVE_WAY:
-            # Each column takes its widest cell, a space either side and one border.
-            if sum(self._width(n) + 3 for n in shown) + 1 <= max_width:
-                break
-            shown.remove(name)
-        return shown
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        shown = self.columns(options.max_width)
-        table = Table(title=f"tasks ({len(self.rows)})", title_justify="left")
-        for name in shown:
-            table.add_column(
-                name,
-                no_wrap=name not in _WRAPPED,
-                min_width=len(name) if name != "id" else self._width("id"),
-                justify="right" if name == "pri" else "left",
-            )
-        for row in self.rows:
-            table.add_row(*(row[name] for name in shown))
-        yield table
+def _task_row(t: Task, now: datetime | None) -> dict[str, Text]:
+    return {
+        "id": Text(t.id),
+        "status": task_status(t, now=now),
+        "pri": Text(str(t.priority)),
+        "deps": Text(", ".join(t.depends_on) or "-"),
+        "agent": Text(t.agent or "(default)", style="" if t.agent else "dim"),
+        "attempts": Text(f"{t.attempts}/{t.max_attempts}"),
+        "sessions": Text(f"{t.sessions}/{t.max_sessions}"),
+        "cost": Text(money(t.cost_usd)),
+        "branch": Text(t.branch or "-"),
+        "updated": Text(ago(t.updated_at, now=now)),
+    }
 
 
 def task_table(tasks: Sequence[Task], *, now: datetime | None = None) -> RenderableType:
-    """``gridctl task list``: one row per task (``TaskTable``)."""
+    """``gridctl task list``: one row per task, fitted to the terminal's width."""
     if not tasks:
         return Text("no tasks", style="dim")
-    return TaskTable(tasks, now=now)
+    return FittedTable(
+        f"tasks ({len(tasks)})",
+        (*TASK_COLUMNS, "updated"),
+        [_task_row(t, now) for t in tasks],
+        give_way=("branch", "sessions", "cost", "updated", "agent"),
+        wrapped={"deps": 24},
+        right=("pri",),
+    )
 
 
 #: Fields ``task_detail`` lays out by hand; any other field of ``Task`` is listed after them.

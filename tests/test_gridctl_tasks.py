@@ -176,6 +176,27 @@ def test_task_add_list_show_cancel_round_trip(ws: Path) -> None:
     assert "no task 'nope'" in missing.stderr
 
 
+def test_an_id_holding_slashes_or_dots_is_answered_as_a_bad_id_never_as_a_missing_endpoint(
+    ws: Path,
+) -> None:
+    assert gridctl(ws, "daemon", "start").returncode == 0
+    for task_id in ("../../etc", "a/b", "..", ".", ""):
+        shown = gridctl(ws, "task", "show", task_id)
+        assert shown.returncode == 1
+        assert shown.stderr == (
+            f"gridctl: invalid task id {task_id!r}: must match [a-z0-9][a-z0-9._-]{{0,63}}"
+            " [invalid_task_id]\n"
+        )
+    approved = gridctl(ws, "task", "approve", "../x")
+    assert approved.stderr.endswith("[invalid_task_id]\n"), approved.stderr
+    killed = gridctl(ws, "agent", "kill", "../x")
+    assert killed.stderr == "gridctl: no agent '../x' [agent_not_found]\n"
+    answered = gridctl(ws, "answer", "..", "yes")  # '..' reaches the daemon, which says so
+    assert answered.stderr == "gridctl: no question '..' [question_not_found]\n"
+    logs = gridctl(ws, "logs", "a/b")
+    assert "no agent or task 'a/b'" in logs.stderr
+
+
 def test_task_add_after_an_unknown_task_exits_1_naming_it(ws: Path) -> None:
     result = gridctl(ws, "task", "add", "Orphan", "--id", "orphan", "--after", "ghost")
     assert result.returncode == 1

@@ -14,13 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 from gridd import __version__
 from gridd.cli import daemonctl
 from gridd.client import GridClient
-from gridd.errors import DaemonUnreachable
+from gridd.errors import DaemonUnreachable, NotFound
+from gridd.ids import validate_task_id
 from gridd.workspace import Workspace, find_workspace
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
@@ -78,8 +79,22 @@ class Command:
     description: str | None = None
 
 
-def segment(value: str) -> str:
-    """``value`` as one URL path segment (an id typed by a person may hold '/' or '?')."""
+def segment(value: str, *, kind: Literal["task", "agent", "question"]) -> str:
+    """``value`` (a ``kind`` id a person typed) as one URL path segment, so that the daemon
+    answers about that id, never "no such endpoint".
+
+    Percent-encoding carries '?', '#', ' ' and '%'. It cannot carry what the path is made of:
+    the daemon's HTTP server decodes '%2F' before it routes, so a '/' would split the id,
+    and an empty id matches no route. No id of any kind holds either, so such a value is
+    refused here, in the words the daemon uses for an id it does not know. '.' and '..' are
+    sent as '%2E' and '%2E%2E': URL normalisation would drop them with the segment before.
+    """
+    if "/" in value or not value:
+        if kind == "task":
+            validate_task_id(value)  # raises: no task id holds a '/' or is empty
+        raise NotFound(f"no {kind} {value[:80]!r}", code=f"{kind}_not_found", details={"id": value})
+    if value in (".", ".."):
+        return value.replace(".", "%2E")
     return quote(value, safe="")
 
 

@@ -38,7 +38,7 @@ class OutputPrinter:
 
     def catch_up(self) -> None:
         """Print every stored chunk after the last one printed."""
-        path = f"/agents/{segment(self.agent_id)}/output"
+        path = f"/agents/{segment(self.agent_id, kind='agent')}/output"
         while True:
             page = self.client.get(path, params={"since": self.last, "limit": PAGE_SIZE})
             chunks = page.get("chunks") or []
@@ -77,7 +77,7 @@ def resolve(client: GridClient, target: str) -> Agent | None:
     Raises NotFound when ``target`` is neither an agent nor a task.
     """
     try:
-        return _agent(client.get(f"/agents/{segment(target)}"))
+        return _agent(client.get(f"/agents/{segment(target, kind='agent')}"))
     except NotFound:
         pass
     mine = [
@@ -86,7 +86,7 @@ def resolve(client: GridClient, target: str) -> Agent | None:
     if mine:
         return max(mine, key=lambda a: (a.started_at, a.attempt))
     try:
-        client.get(f"/tasks/{segment(target)}")
+        client.get(f"/tasks/{segment(target, kind='task')}")
     except (NotFound, ValidationFailed):
         raise NotFound(
             f"no agent or task {target!r} (see 'gridctl agents --all' and 'gridctl task list')",

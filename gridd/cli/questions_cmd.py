@@ -163,7 +163,9 @@ def build_answer(parser: argparse.ArgumentParser) -> None:
 
 
 def _send_answer(ctx: Context, question_id: str, text: str) -> int:
-    data = ctx.client().post(f"/questions/{segment(question_id)}/answer", {"response": text})
+    data = ctx.client().post(
+        f"/questions/{segment(question_id, kind='question')}/answer", {"response": text}
+    )
     answered = render.parse_wire(Question, data)
     print(
         f"answered {answered.id} (task {answered.task_id}, agent {answered.agent_id}):"
@@ -196,7 +198,7 @@ def run_answer(ctx: Context) -> int:
             question, text = chosen
         else:
             question = render.parse_wire(
-                Question, client.get(f"/questions/{segment(args.question_id)}")
+                Question, client.get(f"/questions/{segment(args.question_id, kind='question')}")
             )
             if question.status != QuestionStatus.PENDING:
                 raise GriddError(
@@ -234,7 +236,9 @@ def build_respond(parser: argparse.ArgumentParser) -> None:
 
 def run_respond(ctx: Context) -> int:
     agent_id = ctx.args.agent_id
-    reply = ctx.client().post(f"/agents/{segment(agent_id)}/respond", {"response": ctx.args.text})
+    reply = ctx.client().post(
+        f"/agents/{segment(agent_id, kind='agent')}/respond", {"response": ctx.args.text}
+    )
     question = reply.get("question") if isinstance(reply, dict) else None
     if question is not None:
         answered = render.parse_wire(Question, question)

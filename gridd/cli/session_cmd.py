@@ -259,7 +259,7 @@ def build_kill(parser: argparse.ArgumentParser) -> None:
 
 
 def run_kill(ctx: Context) -> int:
-    data = ctx.client().post(f"/agents/{segment(ctx.args.agent_id)}/kill")
+    data = ctx.client().post(f"/agents/{segment(ctx.args.agent_id, kind='agent')}/kill")
     print(f"killing agent {data['id']} (task {data['taskId']} is blocked until you start it)")
     return EXIT_OK
 

@@ -166,7 +166,7 @@ def build_show(parser: argparse.ArgumentParser) -> None:
 
 def run_show(ctx: Context) -> int:
     client = ctx.client()
-    data = client.get(f"/tasks/{segment(ctx.args.task_id)}")
+    data = client.get(f"/tasks/{segment(ctx.args.task_id, kind='task')}")
     if ctx.args.json:
         print(json.dumps(data, indent=2))
         return EXIT_OK
@@ -187,7 +187,7 @@ def _transition(method: str, suffix: str, *, done: str, help: str, description: 
     """An action that sends one request about a task and reports its new status."""
 
     def run(ctx: Context) -> int:
-        path = f"/tasks/{segment(ctx.args.task_id)}{suffix}"
+        path = f"/tasks/{segment(ctx.args.task_id, kind='task')}{suffix}"
         task = parse_wire(Task, ctx.client().request(method, path))
         print(f"task {task.id} {done}: now {task.status.value}")
         return EXIT_OK
@@ -218,7 +218,7 @@ def run_approve(ctx: Context) -> int:
         if not ids:
             print("no task is in review")
     for task_id in ids:
-        task = parse_wire(Task, client.post(f"/tasks/{segment(task_id)}/approve"))
+        task = parse_wire(Task, client.post(f"/tasks/{segment(task_id, kind='task')}/approve"))
         after = "queued for the merge" if task.status == TaskStatus.MERGING else "done"
         print(f"task {task.id} approved: now {task.status.value} ({after})")
     return EXIT_OK
@@ -241,7 +241,7 @@ def run_reject(ctx: Context) -> int:
     if ctx.args.feedback_file is not None:
         with ctx.args.feedback_file as fh:
             text = fh.read()
-    path = f"/tasks/{segment(ctx.args.task_id)}/reject"
+    path = f"/tasks/{segment(ctx.args.task_id, kind='task')}/reject"
     task = parse_wire(Task, ctx.client().post(path, {"feedback": text}))
     print(f"task {task.id} sent back to its agent with your feedback: now {task.status.value}")
     return EXIT_OK
@@ -254,7 +254,7 @@ def build_diff(parser: argparse.ArgumentParser) -> None:
 
 
 def run_diff(ctx: Context) -> int:
-    data = ctx.client().get(f"/tasks/{segment(ctx.args.task_id)}/diff")
+    data = ctx.client().get(f"/tasks/{segment(ctx.args.task_id, kind='task')}/diff")
     if ctx.args.json:
         print(json.dumps(data, indent=2))
         return EXIT_OK

@@ -19,6 +19,7 @@ between ~8 ms and ~20 ms of start-up.
 from __future__ import annotations
 
 import _signal
+import errno
 import fcntl
 import marshal
 import os
@@ -91,8 +92,37 @@ def _reap_group(pgid: int) -> None:
             time.sleep(0.02)
 
 
+class ExecFailed(OSError):
+    """The agent's command could not be started; ``str()`` is the reason, for a person."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def exec_failure(command: str, exc: OSError, *, search_path: str) -> str:
+    """Why ``command`` (the profile's first word, as the user wrote it) could not be run,
+    from the working directory, with ``search_path`` as PATH. ``execvpe``'s own error names
+    the last PATH entry it tried, a file the user never named."""
+    searched = os.sep not in command
+    if searched:
+        places = (os.path.join(d or ".", command) for d in search_path.split(os.pathsep))
+        found = next((p for p in places if os.path.isfile(p)), None)
+    else:
+        found = command if os.path.isfile(command) else None
+    shown = f"{command!r} ({found})" if searched and found else repr(command)
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        if found is not None:  # the kernel could not find the '#!' line's interpreter
+            return f"{shown} names an interpreter in its '#!' line that does not exist"
+        return f"{shown} not found on PATH" if searched else f"{shown} does not exist"
+    if exc.errno == errno.EACCES:
+        return f"{shown} is not executable"
+    if exc.errno == errno.ENOEXEC:
+        return f"{shown} is not a program this system can run (a script needs a '#!' line)"
+    return f"{shown}: {exc.strerror}"
+
+
 def _spawn(spec: dict[str, object], stdin: int, out: int) -> int:
-    """fork + exec in a new session; an exec failure comes back as OSError (as Popen's)."""
+    """fork + exec in a new session; an exec failure comes back as ``ExecFailed``."""
     argv = [str(a) for a in spec["argv"]]  # type: ignore[attr-defined]
     env = {str(k): str(v) for k, v in spec["env"].items()}  # type: ignore[attr-defined]
     err_r, err_w = os.pipe()
@@ -108,9 +138,13 @@ def _spawn(spec: dict[str, object], stdin: int, out: int) -> int:
             os.dup2(out, 2)
             os.closerange(3, err_w)
             os.closerange(err_w + 1, 1 << 16)
-            os.execvpe(argv[0], argv, env)
+            try:
+                os.execvpe(argv[0], argv, env)
+            except OSError as exc:
+                message = exec_failure(argv[0], exc, search_path=env.get("PATH", os.defpath))
+                raise ExecFailed(exc.errno, message) from None
         except OSError as exc:
-            os.write(err_w, f"{exc.errno}:{exc.strerror}: {exc.filename or argv[0]}".encode())
+            os.write(err_w, f"{exc.errno}:{exc}".encode())
         finally:
             os._exit(127)
     os.close(err_w)
@@ -121,7 +155,7 @@ def _spawn(spec: dict[str, object], stdin: int, out: int) -> int:
     if failure:
         os.waitpid(pid, 0)
         errno_text, _, message = failure.decode(errors="replace").partition(":")
-        raise OSError(int(errno_text) if errno_text.isdigit() else 0, message)
+        raise ExecFailed(int(errno_text) if errno_text.isdigit() else 0, message)
     return pid
 
 

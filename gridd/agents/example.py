@@ -6,6 +6,10 @@ It works in its current directory (the task's worktree): prints progress, writes
 file derived from the prompt, commits it, leaves a second file uncommitted (gridd commits
 what an agent leaves behind), appends heartbeats when ``GRID_HEARTBEAT`` is set, and exits 0.
 ``GRID_EXAMPLE_DELAY`` (seconds, default 0.3) paces the steps.
+
+It commits into whatever repository it runs in, so it runs only when gridd started it (in a
+task's worktree, with ``GRID_TASK_ID`` set, as gridd sets it for every agent). Run by hand,
+it refuses and exits 2, changing nothing; ``--help`` prints its usage and exits 0.
 """
 
 from __future__ import annotations
@@ -25,9 +29,28 @@ def _heartbeat(status: str, message: str) -> None:
             fh.write(json.dumps({"status": status, "message": message, "ts": time.time()}) + "\n")
 
 
+USAGE = (
+    "usage: python -m gridd.agents.example PROMPT\n"
+    "gridd's bundled example agent: gridd runs it in a task's worktree, where it writes and\n"
+    "commits a notes file about PROMPT. It runs only when gridd starts it (GRID_TASK_ID set).\n"
+)
+EX_USAGE = 2
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) > 1 and argv[1] in ("-h", "--help"):
+        print(USAGE, end="")
+        return 0
+    task = os.environ.get("GRID_TASK_ID")
+    if not task:
+        print(
+            "gridd.agents.example: this is gridd's example agent; it commits into the"
+            " repository it runs in, so it runs only when gridd starts it for a task"
+            " (GRID_TASK_ID is not set). Nothing was changed.",
+            file=sys.stderr,
+        )
+        return EX_USAGE
     prompt = argv[1] if len(argv) > 1 else "(no prompt)"
-    task = os.environ.get("GRID_TASK_ID", "task")
     delay = float(os.environ.get("GRID_EXAMPLE_DELAY", "0.3"))
     here = Path.cwd()
 

@@ -273,7 +273,7 @@ def read_issue(root: Path, bead_id: str) -> dict[str, object]:
     return bd_issue(root, bead_id)
 
 
-async def wait_async(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+async def wait_async(predicate, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
     import asyncio
     import time
 

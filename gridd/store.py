@@ -560,10 +560,12 @@ class Store:
         log.error("%s", problem.message)
         return problem
 
-    def next_counter(self, name: str) -> int:
-        """A persistent counter (agent numbers never repeat across restarts)."""
+    def next_counter(self, name: str, *, past: int = 0) -> int:
+        """A persistent counter (agent numbers never repeat across restarts): one more than
+        both its last value and ``past`` (what a new database cannot know, e.g. the runs
+        left on disk)."""
         key = f"counter.{name}"
-        value = int(self.get_meta(key) or 0) + 1
+        value = max(int(self.get_meta(key) or 0), past) + 1
         self.set_meta(key, str(value))
         return value
 

@@ -27,9 +27,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gridd.agents.executor import Launch
 from gridd.agents.local import LocalExecutor
 from gridd.agents.starter import SHIM_PATH
 from gridd.errors import DaemonUnreachable
+from gridd.pool.rundirs import new_run
 from tests.helpers import (
     agent_command,
     event_log,
@@ -191,3 +193,30 @@ def test_a_run_its_shim_claimed_first_is_not_fenced(tmp_path: Path) -> None:
     assert _shim(run_dir).returncode == 0
     assert (tmp_path / "early-work" / "ran").exists()
     assert LocalExecutor(tmp_path).fence(run_dir) is False  # reattach it instead
+
+
+async def test_the_executor_never_starts_a_run_over_an_existing_runs_spec(tmp_path: Path) -> None:
+    run_dir = _run_dir_for(tmp_path, "used")
+    before = (run_dir / "spec.marshal").read_bytes()
+    with pytest.raises(FileExistsError):
+        await LocalExecutor(tmp_path).spawn(
+            Launch(run_dir=run_dir, argv=["true"], cwd=tmp_path, env={}, stdin="null")
+        )
+    assert (run_dir / "spec.marshal").read_bytes() == before
+    assert sorted(p.name for p in run_dir.iterdir()) == ["spec.marshal"]
+
+
+def test_a_new_run_skips_every_run_directory_on_disk(tmp_path: Path) -> None:
+    class FreshCounter:  # a new database: numbering starts again at 1
+        value = 0
+
+        def next_counter(self, name: str, *, past: int = 0) -> int:
+            self.value = max(self.value, past) + 1
+            return self.value
+
+    for name in ("work-1", "review-2-7", "spare-shim.log"):
+        (tmp_path / name).mkdir()
+    counter = FreshCounter()
+    assert new_run(counter, tmp_path, "work") == ("work-8", tmp_path / "work-8")
+    assert new_run(counter, tmp_path, "work") == ("work-9", tmp_path / "work-9")
+    assert (tmp_path / "work-9").is_dir() and not any((tmp_path / "work-9").iterdir())

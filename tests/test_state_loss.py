@@ -9,7 +9,18 @@ import json
 import sqlite3
 from pathlib import Path
 
-from tests.helpers import DaemonProc, event_log, running_daemon, start_daemon, wait_for
+from gridd.client import GridClient
+from tests.helpers import (
+    DaemonProc,
+    agent_command,
+    core_daemon,
+    event_log,
+    running_daemon,
+    start_daemon,
+    wait_for,
+    wait_task_status,
+    write_core_config,
+)
 
 
 def problems(d: DaemonProc) -> list[dict[str, object]]:
@@ -106,3 +117,53 @@ def test_a_database_unlinked_while_running_is_written_back(repo: Path) -> None:
         ids = {t["id"] for t in d.client().get("/tasks")}
         assert ids == {"precious", "later"}
         assert d.client().get("/health")["status"] == "ok"
+
+
+def _run_one_task(c: GridClient, task_id: str) -> dict[str, object]:
+    """Run ``task_id`` to review; the agent that did it, as ``GET /agents`` shows it."""
+    c.post("/tasks", {"id": task_id, "title": f"write {task_id}.txt", "agent": "work"})
+    c.post(f"/tasks/{task_id}/start")
+    task = wait_task_status(c, task_id, "review")
+    assert task["changedFiles"] == [f"{task_id}.txt"], task
+    (agent,) = [a for a in c.get("/agents", params={"all": "1"}) if a["taskId"] == task_id]
+    return agent  # type: ignore[no-any-return]
+
+
+def test_after_a_quarantine_a_new_agent_never_reuses_an_old_run_directory(repo: Path) -> None:
+    # Agent numbers were kept in the database: a fresh one would start again at work-1,
+    # in the old run directory, and report the old run's exit as the new task's result.
+    write_core_config(repo, agents={"work": {"command": agent_command("trivial.py")}})
+    with core_daemon(repo) as d:
+        old = _run_one_task(d.client(), "before")
+    old_run = Path(str(old["runDir"]))
+    kept = {p.name: p.read_bytes() for p in old_run.iterdir() if p.is_file()}
+    db = repo / ".grid" / "gridd.db"
+    db.write_bytes(b"this is not a database" * 100)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    with core_daemon(repo) as d:
+        c = d.client()
+        assert c.get("/health")["status"] == "degraded"  # the database was set aside
+        new = _run_one_task(c, "after")
+        assert new["id"] != old["id"]
+        assert Path(str(new["runDir"])) != old_run
+        log = c.get(f"/agents/{new['id']}/output")["chunks"]
+        assert "working on after" in "".join(ch["chunk"] for ch in log)
+    # The old run is left exactly as it was: nothing overwritten, nothing removed.
+    assert {p.name: p.read_bytes() for p in old_run.iterdir() if p.is_file()} == kept
+
+
+def test_leftover_run_directories_in_a_fresh_database_are_never_reused(repo: Path) -> None:
+    # A .grid/ copied from elsewhere (or a database deleted by hand): runs, no records.
+    write_core_config(repo, agents={"work": {"command": agent_command("trivial.py")}})
+    runs = repo / ".grid" / "runs"
+    for name in ("work-1", "work-2", "other-9"):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "exit.json").write_text('{"exitCode": 0}')
+        (runs / name / "spec.json").write_text(f'"left by {name}"')
+    with core_daemon(repo) as d:
+        new = _run_one_task(d.client(), "fresh")
+    assert new["id"] not in {"work-1", "work-2", "other-9"}
+    for name in ("work-1", "work-2", "other-9"):
+        assert sorted(p.name for p in (runs / name).iterdir()) == ["exit.json", "spec.json"]
+        assert (runs / name / "spec.json").read_text() == f'"left by {name}"'

@@ -43,7 +43,8 @@ class ExitStatus:
 
 @dataclass(frozen=True)
 class Launch:
-    """What to run for one agent, and where its run directory is."""
+    """What to run for one agent, and where its run directory is: a new one, made empty by
+    the pool (``pool/rundirs.py``); a run directory is never reused."""
 
     run_dir: Path
     argv: list[str]

@@ -81,7 +81,9 @@ async def _until_eof(loop: asyncio.AbstractEventLoop, fd: int) -> None:
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    """Create ``path`` (0600) with ``data``. Never over an existing file: a spec already in
+    the run directory is another run's, kept as it is (``FileExistsError`` fails the spawn)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
 
@@ -130,7 +132,8 @@ class AgentProcess:
         starter: ShimStarter | None = None,
     ) -> AgentProcess:
         """Hand the run to a shim (a spare one already started, when ``starter`` has it)
-        and wait until the agent runs."""
+        and wait until the agent runs. ``run_dir`` is a new one (the pool makes it empty);
+        one that already holds a run's spec is refused (``FileExistsError``), not reused."""
         run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         spec = {"argv": argv, "cwd": str(cwd), "env": env, "stdin": stdin}
         # 0600: the spec holds the agent's whole environment, API keys included. The shim

@@ -1,6 +1,6 @@
 """Spawning agents: a task already marked ``working`` gets its worktree (created or reused),
 a run directory, a rendered command and prompt, and a process started by the executor
-(``agents/executor.py``).
+(``agents/executor.py``). The run directory is always a new one (``rundirs.py``).
 
 The agent is recorded (``starting``) before its process is started, so a daemon that dies
 in between finds it on restart (``reattaching.py``). A spawn that fails for any reason
@@ -30,6 +30,7 @@ from gridd.model import Agent, AgentStatus, Task, TaskStatus, utcnow
 from gridd.plan import RATE_LIMIT_RESET
 from gridd.pool.context import PoolContext
 from gridd.pool.prompts import continuation_prompt, feedback_prompt, render_command
+from gridd.pool.rundirs import new_run
 from gridd.pool.watching import Watcher
 from gridd.worktrees import Worktree, Worktrees
 
@@ -255,8 +256,7 @@ class Spawner:
             prompt = feedback_prompt(task)
         else:
             prompt = task.prompt or task.title
-        agent_id = f"{profile_name}-{self.ctx.state.store.next_counter('agent')}"
-        run_dir = self.ctx.workspace.runs_dir / agent_id
+        agent_id, run_dir = new_run(self.ctx.state.store, self.ctx.workspace.runs_dir, profile_name)
         argv = render_command(
             profile.command,
             {"prompt": prompt, "task_id": task.id, "worktree": str(worktree.path)},

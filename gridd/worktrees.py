@@ -34,6 +34,13 @@ class GitError(GriddError):
     transient = True
 
 
+class WorktreeGone(GitError):
+    """A worktree to commit in is not on disk: trying again cannot help."""
+
+    code = "worktree_missing"
+    transient = False
+
+
 @dataclass(frozen=True)
 class GitResult:
     code: int
@@ -152,6 +159,12 @@ class Worktrees:
         branch = task_branch(task_id)
         if known_base is not None and (path / ".git").exists():
             return Worktree(task_id, path, branch, known_base)
+        if known_base is not None and not await self.branch_exists(branch):
+            # Worktree and branch both gone (removed by hand, or by an earlier gridd): there
+            # is nothing left to go back to, so the run starts afresh from the base branch.
+            log.warning("the worktree and branch of %s are gone: starting it afresh", task_id)
+            await git(self.root, "worktree", "prune")  # (a worktree deleted by hand)
+            known_base = None
         if known_base is None:
             base = await (self.ensure_branch(base_branch) if base_branch else self.head_commit())
             if path.exists() and not any(path.iterdir()):
@@ -234,6 +247,11 @@ class Worktrees:
         """Commit everything left in the worktree and, given ``base``, list the files the
         branch changed since it: the git calls of a finish in one process (a finish used to
         start four). Returns (whether a commit was made, changed files). Safe to repeat."""
+        if not path.is_dir():  # else the spawn's cwd fails with a bare FileNotFoundError
+            raise WorktreeGone(
+                f"the worktree {path} is gone: nothing left in it can be recorded",
+                details={"path": str(path)},
+            )
         identity = await self.identity()
         argv = ("sh", "-c", _RECORD_SCRIPT, "gridd-record", message, base or "", *identity)
         res = await _run(path, argv, check=False)

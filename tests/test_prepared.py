@@ -5,17 +5,22 @@ and real agent processes."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from gridd.git.prepared import keeps, worth_preparing
+import pytest
+
+from gridd.git.prepared import keeps, owned, worth_preparing
 from gridd.model import Task, TaskStatus
+from gridd.worktrees import WorktreeGone, Worktrees
 from tests.helpers import (
     core_daemon,
     event_log,
     kill9_between_exit_and_commit,
+    process_gone,
     restartable_daemon,
     wait_for,
     wait_task_status,
@@ -98,6 +103,18 @@ def test_a_prepared_worktree_is_dropped_once_its_task_will_not_start_from_it() -
     assert not keeps(task(TaskStatus.PENDING), wanted=set(), busy=set(), session=True)
     assert not keeps(task(TaskStatus.READY), wanted={"t"}, busy=set(), session=False)
     assert not keeps(task(TaskStatus.READY, "grid/t"), wanted={"t"}, busy=set(), session=True)
+
+
+def test_a_prepared_worktree_its_task_has_taken_over_is_forgotten_never_removed() -> None:
+    def task(status: TaskStatus, branch: str | None = None) -> Task:
+        return Task(id="t", title="t", status=status, branch=branch)
+
+    assert owned(task(TaskStatus.BLOCKED, "grid/t"), busy=set())  # its record points there
+    assert owned(task(TaskStatus.WORKING), busy=set())
+    assert owned(task(TaskStatus.READY), busy={"t"})  # being started
+    assert not owned(task(TaskStatus.READY), busy=set())
+    assert not owned(task(TaskStatus.CANCELLED), busy=set())
+    assert not owned(None, busy=set())
 
 
 # -- on a real daemon ------------------------------------------------------------------------
@@ -191,3 +208,74 @@ def test_a_daemon_killed_between_agent_exit_and_commit_with_a_worktree_prepared_
         runs = [p for p in (repo / ".grid" / "runs").iterdir() if p.is_dir()]
         assert len(runs) == 2
         assert set(os.listdir(repo / ".grid" / "worktrees")) == {"kept", "next"}
+
+
+def test_a_task_prepared_before_a_restart_starts_in_its_worktree_after_it(
+    repo: Path, tmp_path: Path
+) -> None:
+    """The daemon is killed while three tasks run and the fourth's worktree is prepared;
+    the three agents end while no daemon is up. After the restart the freed slot starts the
+    fourth at once, while the preparer adopts the worktrees left behind: the adoption must
+    not hand the started task's worktree to the preparer to remove as not needed (its agent
+    then ran in a deleted directory, its finish failed, and its branch was gone)."""
+    go = tmp_path / "go"
+    waiting_config(repo, go)
+    with restartable_daemon(repo) as grid:
+        c = grid.client()
+        for n in range(1, 7):
+            c.post("/tasks", {"id": f"t{n}", "title": f"task {n}", "priority": min(n, 4)})
+        c.post("/session/start", {"featureBranch": FEATURE, "maxAgents": 3})
+        running = wait_for(
+            lambda: (
+                len(agents := c.get("/agents")) == 3 and all(a["pid"] for a in agents) and agents
+            ),
+            timeout=30,
+            message="three agents running",
+        )
+        for n in (4, 5, 6):
+            prepared(repo, f"t{n}")
+        pids = [int(a["pid"]) for a in running]
+        grid.kill9()
+        go.write_text("")
+        wait_for(lambda: all(process_gone(pid) for pid in pids), timeout=30)
+        grid.start()
+        settled = wait_for(
+            lambda: (
+                (ts := c.get("/tasks"))
+                and all(t["status"] not in ("ready", "working") for t in ts)
+                and ts
+            ),
+            timeout=60,
+            message="every task run once after the restart",
+        )
+        assert {t["id"]: t["status"] for t in settled} == {f"t{n}": "review" for n in range(1, 7)}
+        for task in settled:
+            n = task["id"][1:]
+            assert task["changedFiles"] == [f"t{n}.txt"]
+            assert git(repo, "show", f"grid/t{n}:t{n}.txt") == f"work of t{n}"
+        assert not event_log(c, types={"agent.finish_failed", "task.start_failed"})
+        spawned = [e.data["taskId"] for e in event_log(c, types={"agent.spawned"})]
+        assert sorted(spawned) == [f"t{n}" for n in range(1, 7)]
+        log = (repo / ".grid" / "gridd.log").read_text()
+        assert "removed the prepared worktree" not in log
+
+
+def test_a_task_whose_worktree_and_branch_are_gone_starts_afresh(repo: Path) -> None:
+    """A task's record names a branch, but the branch and its worktree are gone: its next
+    start makes a fresh worktree and branch instead of failing on an invalid reference; and
+    recording work in a worktree that is gone says so instead of raising FileNotFoundError."""
+
+    async def main() -> None:
+        worktrees = Worktrees(repo, repo / ".grid" / "worktrees")
+        await worktrees.setup()
+        first = await worktrees.create("t", None)
+        git(repo, "worktree", "remove", "--force", "--", str(first.path))
+        git(repo, "branch", "-D", "--", first.branch)
+        with pytest.raises(WorktreeGone):
+            await worktrees.record(first.path, "never")
+        again = await worktrees.create("t", None, known_base=first.base)
+        assert (again.path / ".git").exists() and again.branch == first.branch
+        assert again.base == git(repo, "rev-parse", "HEAD")
+        assert git(again.path, "rev-parse", "HEAD") == again.base
+
+    asyncio.run(main())

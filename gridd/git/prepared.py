@@ -19,7 +19,9 @@ The rules:
   any work); the start of a task waits for its worktree's preparation or removal in flight,
   so the two never race. Preparing changes no task, and a daemon killed while worktrees are
   prepared leaves only pristine ones: the next daemon adopts those (or the start path moves
-  them to the tip, see ``Worktrees.create``).
+  them to the tip, see ``Worktrees.create``). A worktree whose task has taken it over
+  (``owned``: starting, working, or a branch in its record) is only ever forgotten here,
+  never removed: the task's record, and perhaps its running agent, point at it.
 
 The decision (``worth_preparing``) is a pure function; this module does the git work, one
 worktree at a time, off the critical path.
@@ -80,6 +82,16 @@ def keeps(
     if task.id in busy or task.status == TaskStatus.WORKING:
         return True
     return session and (task.id in wanted or task.status == TaskStatus.READY)
+
+
+def owned(task: Task | None, *, busy: AbstractSet[str]) -> bool:
+    """Whether a task has taken its worktree over: it is starting or working, or its record
+    names a branch (a run started there). The preparer then only forgets the worktree: it
+    is the task's own, and removing it would leave the record (and perhaps a running agent)
+    pointing at nothing."""
+    if task is None:
+        return False
+    return task.branch is not None or task.id in busy or task.status == TaskStatus.WORKING
 
 
 # -- the git work ---------------------------------------------------------------------------
@@ -150,7 +162,9 @@ class PreparedWorktrees:
             task = self.state.tasks.get(task_id)
             if not keeps(task, wanted=set(wanted), busy=busy, session=session):
                 worktree = self.ready.pop(task_id, None)  # (a start may have taken it)
-                if worktree is not None:
+                if worktree is not None and owned(task, busy=self.busy()):
+                    log.debug("the worktree of %s is its task's own now", task_id)
+                elif worktree is not None:
                     await self._one(task_id, self._discard(worktree))
         for task_id in wanted:
             task = self.state.tasks.get(task_id)
@@ -228,13 +242,20 @@ class PreparedWorktrees:
         recorded) whose worktree is on disk with nothing of its own on it."""
         if not self.worktrees.dir.is_dir():
             return
+        for path in sorted(self.worktrees.dir.iterdir()):
+            await self._one(path.name, self._adopt(path.name))
+        self.wake()
+
+    async def _adopt(self, task_id: str) -> None:
+        # The scheduler runs already: a slot freed by a run that ended while no daemon was
+        # up may start this very task now. Its start waits for this (``_one``), and a task
+        # that started meanwhile (``Worktrees.create`` found the same worktree) is left
+        # alone: adopting it would hand its live worktree to ``reconcile`` to remove.
+        task = self.state.tasks.get(task_id)
+        if task is None or owned(task, busy=self.busy()):
+            return  # not a prepared one, or its start (after the restart) deals with it
         session = self.state.session
         base_branch = session.feature_branch if session.started else None
-        for path in sorted(self.worktrees.dir.iterdir()):
-            task = self.state.tasks.get(path.name)
-            if task is None or task.branch is not None or task.status == TaskStatus.WORKING:
-                continue  # not a prepared one, or its start (after the restart) deals with it
-            found = await self.worktrees.pristine(task.id, base_branch)
-            if found is not None:
-                self.ready[task.id] = found
-        self.wake()
+        found = await self.worktrees.pristine(task_id, base_branch)
+        if found is not None and not owned(self.state.tasks.get(task_id), busy=self.busy()):
+            self.ready[task_id] = found

@@ -235,3 +235,20 @@ def test_an_empty_database_file_is_a_warning_not_ok(repo: Path, env: dict[str, s
     assert "empty (0 bytes)" in checks["database"]["detail"]
     assert (grid / "gridd.db").stat().st_size == 0  # doctor changes nothing
     assert code == 0
+
+
+def test_a_symlinked_log_fails_as_the_daemon_would_refuse_it(
+    repo: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    grid = repo / ".grid"
+    grid.mkdir(mode=0o700, exist_ok=True)
+    outside = tmp_path / "elsewhere.log"
+    outside.write_text("")
+    (grid / "gridd.log").symlink_to(outside)
+    code, checks = doctor(repo, env)
+    assert code == 1
+    assert checks["links"]["verdict"] == "fail"
+    assert "gridd.log is a symbolic link" in checks["links"]["detail"]
+    assert checks["links"]["fix"] == f"rm {grid / 'gridd.log'}"
+    started = gridctl(repo, "daemon", "start", env=env)
+    assert started.returncode == 1 and "symbolic link" in started.stderr  # as doctor said

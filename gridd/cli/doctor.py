@@ -146,6 +146,17 @@ def check_pid_and_lock(ws: Workspace, answering_pid: int | None) -> list[Check]:
     return checks
 
 
+def check_links(ws: Workspace) -> Check:
+    """The daemon's own refusal of symbolic links among the files it writes under
+    ``.grid/`` (``Workspace.refuse_symlinks``), found before it refuses to start."""
+    try:
+        ws.refuse_symlinks()
+    except GriddError as exc:
+        path = exc.details.get("path") if isinstance(exc.details, dict) else None
+        return Check("links", "fail", exc.message, f"rm {path}" if path else "see the message")
+    return Check("links", "ok", "no symbolic link among the files gridd writes")
+
+
 def check_database(ws: Workspace) -> Check:
     """Asks the installed ``gridd --check-state`` (read-only), as an upgrade does: the
     client side never opens the daemon's database code itself."""
@@ -232,6 +243,7 @@ def run_checks(ws: Workspace, environ: dict[str, str]) -> list[Check]:
         checks += check_binaries(configured_commands(settings, ws.root), environ)
     checks.append(check_trust(ws.root, ws.config_path, environ))
     checks.append(check_grid_dir(ws.grid_dir, os.getuid()))
+    checks.append(check_links(ws))
     checks.append(check_socket(ws.socket_path, os.getuid(), answering=pid is not None))
     checks += check_pid_and_lock(ws, pid)
     checks.append(check_disk(ws.grid_dir if ws.grid_dir.exists() else ws.root))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,6 +52,19 @@ def setup_beads(
         f"command = [{json.dumps(sys.executable)}, {json.dumps(str(FAKE_BD))}]\n"
         "poll_seconds = 0.2\n" + extra
     )
+
+
+def edit_bd_db(repo: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    """Change the fake bd's database as bd would: under its lock, so that a bd call running
+    at the same moment (a retry) cannot write its older copy back over the change."""
+    db_path = repo / ".beads" / "fake-bd.json"
+    with (repo / ".beads" / "fake-bd.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        db = json.loads(db_path.read_text())
+        change(db)
+        tmp = db_path.with_name(db_path.name + ".tmp")
+        tmp.write_text(json.dumps(db))
+        tmp.replace(db_path)
 
 
 def bd_issue(repo: Path, bead_id: str) -> dict[str, object]:
@@ -156,9 +172,7 @@ def test_bd_garbage_output_is_an_event_and_a_retry_not_a_crash(repo: Path) -> No
         assert "not JSON" in errors[0].data["error"]
         assert errors[0].data["retryInSeconds"] > 0
         # bd recovers: the task appears on a later poll, the daemon never went away.
-        db = json.loads((repo / ".beads" / "fake-bd.json").read_text())
-        db["mode"] = "ok"
-        (repo / ".beads" / "fake-bd.json").write_text(json.dumps(db))
+        edit_bd_db(repo, lambda db: db.update(mode="ok"))
         wait_for(lambda: [t["id"] for t in c.get("/tasks")] == ["bd-1"], timeout=30)
         assert d.proc.poll() is None
 
@@ -316,9 +330,7 @@ async def test_a_failing_write_does_not_hold_up_another_bead(bd_dir: Path) -> No
         assert first["taskId"] == "bd-1" and first["permanent"] is False
         assert first["retryInSeconds"] == 0.2
         # bd comes back: the retried write lands, in order, and the lane ends.
-        db = json.loads((bd_dir / ".beads" / "fake-bd.json").read_text())
-        db["flaky"] = {}
-        (bd_dir / ".beads" / "fake-bd.json").write_text(json.dumps(db))
+        edit_bd_db(bd_dir, lambda db: db.update(flaky={}))
         await wait_async(lambda: "gridd:review" in (read_issue(bd_dir, "bd-1").get("labels") or []))
         await wait_async(lambda: writer.pending("bd-1") == 0)
     finally:
@@ -415,11 +427,7 @@ def test_a_new_bead_is_seen_through_the_file_watch_with_the_poll_off(repo: Path)
         c = d.client()
         wait_for(lambda: len(c.get("/tasks")) == 1, timeout=20, message="first sync")
         readies = sum(1 for call in bd_calls(repo) if call[0] == "ready")
-        db = json.loads((repo / ".beads" / "fake-bd.json").read_text())
-        db["issues"].append(bead("bd-new"))
-        tmp = repo / ".beads" / "fake-bd.json.tmp"
-        tmp.write_text(json.dumps(db))
-        tmp.replace(repo / ".beads" / "fake-bd.json")
+        edit_bd_db(repo, lambda db: db["issues"].append(bead("bd-new")))
         # With the poll off the watch is the only way in; how fast is bench_beads' business
         # (tens of ms on an idle machine), so the bound here only has to outlast contention.
         wait_for(lambda: len(c.get("/tasks")) == 2, timeout=10, interval=0.01, message="watch")

@@ -265,19 +265,28 @@ def _print_stop(ws: Workspace) -> None:
         print(f"gridd stopped for {ws.root} (was pid {stopped.pid})")
 
 
+def run_gridd_check(
+    ws: Workspace, flag: str, *, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """The installed gridd run with one of its read-only checks (``--check-state``,
+    ``--check-config``) for this workspace, in a fresh process: the new code decides, and
+    the client side never imports the daemon side. Raises ``OSError`` or
+    ``subprocess.TimeoutExpired`` when it cannot be run or does not answer."""
+    return subprocess.run(
+        [sys.executable, "-m", "gridd.cli.gridd_main", flag, "--workspace", str(ws.root)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+
+
 def check_config(ws: Workspace, *, doing: str) -> None:
     """Ask the installed ``gridd --check-config`` whether a start would accept the
     workspace's config; raise with its reason when not, before ``doing`` stops anything."""
-    argv = [sys.executable, "-m", "gridd.cli.gridd_main", "--check-config"]
     try:
-        result = subprocess.run(
-            [*argv, "--workspace", str(ws.root)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
+        result = run_gridd_check(ws, "--check-config", timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise GriddError(
             f"could not check the config before the {doing}: {exc}; nothing was stopped",

@@ -160,18 +160,8 @@ def check_links(ws: Workspace) -> Check:
 def check_database(ws: Workspace) -> Check:
     """Asks the installed ``gridd --check-state`` (read-only), as an upgrade does: the
     client side never opens the daemon's database code itself."""
-    argv = [
-        sys.executable,
-        "-m",
-        "gridd.cli.gridd_main",
-        "--check-state",
-        "--workspace",
-        str(ws.root),
-    ]
     try:
-        result = subprocess.run(
-            argv, capture_output=True, text=True, timeout=120, check=False, stdin=subprocess.DEVNULL
-        )
+        result = daemonctl.run_gridd_check(ws, "--check-state", timeout=120)
         report = json.loads(result.stdout)
     except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
         return Check(

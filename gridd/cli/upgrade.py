@@ -46,23 +46,8 @@ def handover_problem(old_handover: int | None, adopts: list[int]) -> str | None:
 
 def check_new_version(ws: Workspace) -> dict[str, Any]:
     """Run the installed gridd's ``--check-state``; raise with its reason when it says no."""
-    argv = [
-        sys.executable,
-        "-m",
-        "gridd.cli.gridd_main",
-        "--check-state",
-        "--workspace",
-        str(ws.root),
-    ]
     try:
-        result = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=CHECK_TIMEOUT,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
+        result = daemonctl.run_gridd_check(ws, "--check-state", timeout=CHECK_TIMEOUT)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise GriddError(
             f"could not run the new gridd's state check: {exc}; nothing was stopped",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 import time
 
@@ -21,6 +20,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+from bench.unix_listen import listen_unix
 
 _STARTED = time.monotonic()
 
@@ -36,14 +37,7 @@ def build_app() -> Starlette:
 
 
 def main(argv: list[str]) -> int:
-    path = argv[0]
-    if os.path.exists(path):
-        os.unlink(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(path)
-    os.chmod(path, 0o600)
-    sock.listen(128)
-    sock.setblocking(False)
+    sock = listen_unix(argv[0])
     config = uvicorn.Config(
         build_app(),
         http="auto",

@@ -20,13 +20,13 @@ import asyncio
 import importlib.util
 import logging.handlers
 import os
-import socket
 import sqlite3
 import sys
 import types
 from pathlib import Path
 
 import gridd
+from bench.unix_listen import listen_unix
 from gridd.lean import without_pydantic_plugins
 
 
@@ -60,13 +60,7 @@ def main(argv: list[str]) -> int:
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
     logging.getLogger("stack").addHandler(logging.handlers.WatchedFileHandler(f"{path}.log"))
-    if os.path.exists(path):
-        os.unlink(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(path)
-    os.chmod(path, 0o600)
-    sock.listen(128)
-    sock.setblocking(False)
+    sock = listen_unix(path)
     config = core.Config(
         Starlette(routes=[Route("/health", health, methods=["GET"])]),
         http="httptools",

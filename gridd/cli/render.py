@@ -265,10 +265,16 @@ class FittedTable:
     ) -> None:
         self.title, self.names, self.rows = title, list(columns), rows
         self.give_way, self.wrapped, self.right = give_way, dict(wrapped or {}), set(right)
+        self._widths: dict[str, int] = {}
 
     def width_of(self, name: str) -> int:
-        widest = max([len(name), *(row[name].cell_len for row in self.rows)])
-        return min(widest, self.wrapped.get(name, widest))
+        """The column's widest cell (or its wrap width), measured once per table: the
+        layout asks for each column's width once per column that gives way, and a live
+        view renders the same table again at every refresh."""
+        if name not in self._widths:
+            widest = max([len(name), *(row[name].cell_len for row in self.rows)])
+            self._widths[name] = min(widest, self.wrapped.get(name, widest))
+        return self._widths[name]
 
     def columns(self, max_width: int) -> list[str]:
         """The columns shown in ``max_width`` cells: all, or all but those that gave way."""

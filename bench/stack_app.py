@@ -5,7 +5,8 @@
   gridd's own loader (``gridd/api/uvicorn_core.py``, read as a file: importing it as
   ``gridd.api.uvicorn_core`` would import the ``gridd.api`` package, that is all of gridd);
 - Starlette, serving ``GET /health``;
-- pydantic without its plugin search (``gridd.lean``), one model validated and serialized;
+- pydantic without its plugin search, and OpenSSL deferred until used (``gridd.lean``, as
+  gridd's entry point does), one model validated and serialized;
 - SQLite: one database in WAL mode, beside the socket (``<socket>.db``);
 - ``logging.handlers``.
 
@@ -16,18 +17,23 @@ Run: ``python -m bench.stack_app /tmp/some.sock``; SIGTERM stops it.
 
 from __future__ import annotations
 
-import asyncio
-import importlib.util
-import logging.handlers
-import os
-import sqlite3
 import sys
-import types
-from pathlib import Path
 
-import gridd
-from bench.unix_listen import listen_unix
-from gridd.lean import without_pydantic_plugins
+from gridd.lean import defer_openssl
+
+defer_openssl()  # before asyncio (imported below) and anything else, as gridd's entry point
+
+import asyncio  # noqa: E402
+import importlib.util  # noqa: E402
+import logging.handlers  # noqa: E402
+import os  # noqa: E402
+import sqlite3  # noqa: E402
+import types  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import gridd  # noqa: E402
+from bench.unix_listen import listen_unix  # noqa: E402
+from gridd.lean import without_pydantic_plugins  # noqa: E402
 
 
 def _uvicorn_core() -> types.ModuleType:

@@ -30,7 +30,11 @@ NOT_AT_REST = (
     "importlib.metadata",
     "ctypes",
     "sse_starlette",  # on the first GET /events
+    *("_ssl", "_hashlib"),  # OpenSSL: an https webhook, a committed config's sha256
 )
+
+#: Never imported while an editor follows the event stream and nothing else happens.
+NOT_WITH_A_STREAM = ("_ssl", "_hashlib", "aiohttp", "httpx")
 
 #: Runs the real daemon (``gridd``'s own ``main``) in this interpreter; once /health
 #: answers 200 it records sys.modules (and whether the cycle collector is back on) and
@@ -40,6 +44,7 @@ import gc, json, os, signal, socket, sys, threading, time
 from pathlib import Path
 
 root, out = Path(sys.argv[1]), Path(sys.argv[2])
+follow = sys.argv[3:] == ["--follow-events"]
 
 def healthy(path):
     try:
@@ -55,6 +60,12 @@ def record_when_up():
     deadline = time.monotonic() + 60
     while not healthy(root / ".grid" / "gridd.sock") and time.monotonic() < deadline:
         time.sleep(0.01)
+    if follow:  # an editor attached: the stream has answered and is held open
+        stream = socket.socket(socket.AF_UNIX)
+        stream.settimeout(10)
+        stream.connect(str(root / ".grid" / "gridd.sock"))
+        stream.sendall(b"GET /events HTTP/1.1\r\nhost: gridd\r\naccept: text/event-stream\r\n\r\n")
+        assert stream.recv(64).startswith(b"HTTP/1.1 200 ")
     modules = sorted(m for m, mod in sys.modules.items() if mod is not None)
     while not gc.isenabled() and time.monotonic() < deadline:  # paused for the start only
         time.sleep(0.01)
@@ -92,6 +103,22 @@ def test_daemon_at_rest_has_not_imported_rarely_used_libraries(repo: Path, tmp_p
     assert "gridd.daemon" in loaded and "gridd.scheduler" in loaded  # it really ran
     assert sorted(m for m in NOT_AT_REST if m in loaded) == []
     assert recorded["gc"] is True  # the collector, paused for the start, runs again
+
+
+def test_daemon_followed_by_an_event_stream_has_not_loaded_openssl(
+    repo: Path, tmp_path: Path
+) -> None:
+    record = tmp_path / "modules.json"
+    result = subprocess.run(
+        [sys.executable, "-c", _RUN_AND_RECORD, str(repo), str(record), "--follow-events"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    loaded = set(json.loads(record.read_text())["modules"])
+    assert "sse_starlette" in loaded and "anyio.streams.tls" in loaded  # the stream ran
+    assert sorted(m for m in NOT_WITH_A_STREAM if m in loaded) == []
 
 
 def test_uvicorn_package_loads_whole_on_first_use_after_the_daemon_import() -> None:

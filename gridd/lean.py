@@ -99,7 +99,9 @@ class DeferredModule:
         self._loading = False
 
     def load(self) -> types.ModuleType:
-        """Run the module's code (once; another thread waits until it has run)."""
+        """Run the module's code, once. A thread asking for a name the module does not hold
+        yet waits until it has run; as with any import, a name it already holds is read
+        at once, so another thread holding the module may see it partly run."""
         with self._lock:
             if not self.loaded and not self._loading:
                 self._loading = True
@@ -131,9 +133,23 @@ class DeferredClass:
     code that takes the class at import (``from ssl import SSLContext``) and no more.
 
     Before the load no instance can exist, so an ``isinstance`` check is False without
-    loading anything. Calling it, subclassing it or asking it for an attribute loads the
-    module and acts on the real class; the load then puts the real class in place of this
-    stand-in wherever a module holds it."""
+    loading anything, and it can go into a type annotation (``Optional[SSLContext]``).
+    Calling it, subclassing it or asking it for an attribute loads the module and acts on
+    the real class; the load then puts the real class in place of this stand-in wherever a
+    module holds it."""
+
+    #: What ``typing`` asks of a type put into an annotation: a plain (not generic) class
+    #: has none of these, so saying so needs no load.
+    NOT_ON_A_PLAIN_CLASS = frozenset(
+        {
+            "__origin__",
+            "__args__",
+            "__parameters__",
+            "__typing_subst__",
+            "__typing_unpacked_tuple_args__",
+            "__typing_is_unpacked_typevartuple__",
+        }
+    )
 
     def __init__(self, deferred: DeferredModule, name: str) -> None:
         self._deferred, self._name = deferred, name
@@ -153,7 +169,15 @@ class DeferredClass:
     def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
         return (self.real(),)
 
+    def __or__(self, other: Any) -> Any:
+        return self.real() | other
+
+    def __ror__(self, other: Any) -> Any:
+        return other | self.real()
+
     def __getattr__(self, attr: str) -> Any:
+        if attr in self.NOT_ON_A_PLAIN_CLASS:
+            raise AttributeError(attr)
         return getattr(self.real(), attr)
 
     def __repr__(self) -> str:
@@ -181,10 +205,10 @@ def deferred_module(
     deferred.module.__dict__.update(stand_ins)
 
     def finish(module: types.ModuleType) -> None:
-        if stand_ins:
-            _replace_everywhere({id(s): vars(module)[n] for n, s in stand_ins.items()})
         if on_load is not None:
             on_load(module)
+        if stand_ins:
+            _replace_everywhere({id(s): vars(module)[n] for n, s in stand_ins.items()})
 
     deferred.on_load = finish
     sys.modules[name] = deferred.module
@@ -194,9 +218,11 @@ def deferred_module(
 def _replace_everywhere(real_by_id: Mapping[int, Any]) -> None:
     """Rebind every module global that holds a stand-in to what it stands for."""
     for module in list(sys.modules.values()):
-        namespace = getattr(module, "__dict__", None)
-        if not isinstance(namespace, dict):
+        if not isinstance(module, types.ModuleType):
             continue
+        # Read past the module's own attribute hooks: a lazily loaded module (importlib's
+        # LazyLoader) would otherwise be loaded by being looked at.
+        namespace = object.__getattribute__(module, "__dict__")
         for key, value in list(namespace.items()):
             if id(value) in real_by_id:
                 namespace[key] = real_by_id[id(value)]
@@ -205,14 +231,14 @@ def _replace_everywhere(real_by_id: Mapping[int, Any]) -> None:
 #: asyncio's modules that bind ``ssl`` at import (the same in CPython 3.11 to 3.13).
 _ASYNCIO_WITH_SSL = ("asyncio.base_events", "asyncio.selector_events", "asyncio.sslproto")
 
-#: What uvicorn's ``config`` module reads from ``ssl`` at import, for its TLS defaults (gridd
-#: serves a Unix socket and uses none): ``ssl.PROTOCOL_TLS_SERVER`` and ``ssl.CERT_NONE``.
-#: ``tests/test_lean_import.py`` holds them equal to the real ones.
-SSL_PRESET = {"PROTOCOL_TLS_SERVER": 17, "CERT_NONE": 0}
+#: Constants read from ``ssl`` at import, as default argument values, by uvicorn's ``config``
+#: (at start) and prometheus_client's exposition (the first ``GET /metrics``), for TLS that
+#: gridd never uses. ``tests/test_openssl_deferred.py`` holds them equal to the real ones.
+SSL_PRESET = {"PROTOCOL_TLS_SERVER": 17, "PROTOCOL_TLS_CLIENT": 16, "CERT_NONE": 0}
 
-#: What anyio's TLS streams module takes from ``ssl`` at import (for its annotations); anyio
-#: is loaded by the first event stream (sse-starlette's lock).
-SSL_CLASSES = ("SSLContext",)
+#: Classes taken from ``ssl`` at import for annotations, by anyio's TLS streams (loaded by
+#: the first event stream: sse-starlette's lock) and prometheus_client's exposition.
+SSL_CLASSES = ("SSLContext", "TLSVersion")
 
 
 def _asyncio_tls(ssl: types.ModuleType) -> None:

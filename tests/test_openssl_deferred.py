@@ -68,12 +68,14 @@ def test_hashes_hmacs_and_tokens_are_right_and_only_hashing_loads_openssl() -> N
 
 def test_ssl_names_read_at_import_are_the_real_values_and_classes() -> None:
     out = _run(
-        "import uvicorn  # noqa: F401  (gridd's uvicorn reads ssl's TLS defaults at import)\n"
-        "from gridd.api import uvicorn_core\n"
+        "import typing\n"
+        "from gridd.api import uvicorn_core  # uvicorn.config reads TLS defaults at import\n"
         "import uvicorn.config as config\n"
         "import anyio.streams.tls as tls\n"
+        "import prometheus_client.exposition as exposition\n"
         "stand_in = tls.SSLContext\n"
         "never_instance = isinstance(object(), stand_in)\n"
+        "annotation = typing.Optional[stand_in]\n"
         "loaded_early = '_ssl' in sys.modules\n"
         "class Mine(stand_in):\n"
         "    pass\n"
@@ -81,6 +83,9 @@ def test_ssl_names_read_at_import_are_the_real_values_and_classes() -> None:
         "print(json.dumps({'loaded_early': loaded_early, 'never_instance': never_instance,\n"
         "  'protocol': config.SSL_PROTOCOL_VERSION == ssl.PROTOCOL_TLS_SERVER,\n"
         "  'cert_none': ssl.CERT_NONE == 0,\n"
+        "  'client': ssl.PROTOCOL_TLS_CLIENT == 16,\n"
+        "  'union': (stand_in | None) == (ssl.SSLContext | None),\n"
+        "  'exposition': exposition.ssl is ssl,\n"
         "  'rebound': tls.SSLContext is ssl.SSLContext,\n"
         "  'subclass': issubclass(Mine, ssl.SSLContext),\n"
         "  'instance': isinstance(Mine(ssl.PROTOCOL_TLS_CLIENT), stand_in),\n"
@@ -91,11 +96,34 @@ def test_ssl_names_read_at_import_are_the_real_values_and_classes() -> None:
         "never_instance": False,
         "protocol": True,
         "cert_none": True,
+        "client": True,
+        "union": True,
+        "exposition": True,
         "rebound": True,
         "subclass": True,
         "instance": True,
         "made": True,
     }
+
+
+def test_loading_ssl_leaves_other_lazily_loaded_modules_unloaded() -> None:
+    # A module importlib's LazyLoader has not loaded yet, whose code would fail: putting
+    # the real SSLContext where the stand-in was must not look inside it.
+    out = _run(
+        "import importlib.abc, importlib.util, asyncio.sslproto\n"
+        "class Failing(importlib.abc.Loader):\n"
+        "    def create_module(self, spec):\n"
+        "        return None\n"
+        "    def exec_module(self, module):\n"
+        "        raise RuntimeError('this module must not be loaded')\n"
+        "spec = importlib.util.spec_from_loader('lazy_failing', importlib.util.LazyLoader(Failing()))\n"
+        "sys.modules['lazy_failing'] = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(sys.modules['lazy_failing'])\n"
+        "import ssl\n"
+        "ssl.create_default_context()\n"
+        "print(json.dumps({'again': asyncio.sslproto.SSLAgainErrors[0] is ssl.SSLWantReadError}))"
+    )
+    assert out == {"again": True}
 
 
 def test_asyncio_tls_works_when_ssl_is_first_used_after_asyncio(tmp_path: Path) -> None:
@@ -170,7 +198,7 @@ def https_hook(tmp_path: Path) -> Iterator[_HttpsHook]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/<pid>/maps")
-def test_daemon_at_rest_has_not_loaded_openssl_and_loads_it_for_an_https_webhook(
+def test_daemon_at_rest_and_scraped_has_not_loaded_openssl_and_loads_it_for_an_https_webhook(
     repo: Path, https_hook: _HttpsHook
 ) -> None:
     write_config(
@@ -184,8 +212,9 @@ def test_daemon_at_rest_has_not_loaded_openssl_and_loads_it_for_an_https_webhook
     # The daemon trusts the test CA the way any OpenSSL program does, through SSL_CERT_FILE.
     env = {"SSL_CERT_FILE": str(https_hook.ca_file)}
     with running_daemon(repo, env=env) as daemon:
-        assert not _openssl_mapped(daemon.proc.pid)
         client = daemon.client()
+        assert "gridd_" in client.get_text("/metrics")  # a scrape (prometheus_client) too
+        assert not _openssl_mapped(daemon.proc.pid)
         client.post("/session/start", {"featureBranch": "tls-feature", "maxAgents": 1})
         client.post("/session/stop")
         wait_for(lambda: https_hook.received, timeout=15, message="the https webhook")

@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from gridd.api import resources as _resources  # noqa: F401  (registers its routes)
-from gridd.api.errors import EXCEPTION_HANDLERS
+from gridd.api.errors import EXCEPTION_HANDLERS, SplitIdGuard
 from gridd.api.health import HealthBody
 from gridd.api.metrics_http import RequestTimer
 from gridd.api.spec import grid_of, table, wire
@@ -73,7 +73,10 @@ def create_app(grid: Grid) -> Starlette:
         # /health first: it is asked most often, and routes are matched in order.
         routes=table.routes(first=("/health",)),
         exception_handlers=EXCEPTION_HANDLERS,
-        middleware=[Middleware(RequestTimer, stats=grid.metrics.requests)],
+        middleware=[
+            Middleware(RequestTimer, stats=grid.metrics.requests),
+            Middleware(SplitIdGuard, paths=[ep.path for ep in table.endpoints]),
+        ],
     )
     app.state.grid = grid
     app.state.health = HealthBody(grid)

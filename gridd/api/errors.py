@@ -1,22 +1,35 @@
 """Every failure a client can cause becomes ``{"error": {"code", "message", "details"}}``.
 
 Request bodies and query parameters are parsed here, so malformed input is a 400 and
-invalid values a 422 naming the field, never a 500.
+invalid values a 422 naming the field, never a 500. An id a client percent-encoded a '/'
+into is refused here too (``SplitIdGuard``), before the decoded path is routed.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import unquote
 
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gridd.api.body import read_document
-from gridd.errors import DISK_CODES, BadRequest, GriddError, StoreError, ValidationFailed
+from gridd.errors import (
+    DISK_CODES,
+    BadRequest,
+    GriddError,
+    NotFound,
+    StoreError,
+    ValidationFailed,
+)
+from gridd.ids import task_id_problem
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +96,90 @@ EXCEPTION_HANDLERS = {
     HTTPException: handle_http_error,
     Exception: handle_unexpected,
 }
+
+
+# -- ids split by an encoded '/' --------------------------------------------------------------
+
+
+#: A route's path parameter that holds an id, and the kind of id it holds.
+ID_PARAMS = {"{task_id}": "task", "{agent_id}": "agent", "{question_id}": "question"}
+
+
+@dataclass(frozen=True)
+class IdRoute:
+    """An id-bearing route template, as segments: ``("", "tasks", None, "start")``, the id
+    (of ``kind``) at ``None``."""
+
+    segments: tuple[str | None, ...]
+    kind: str
+
+    @classmethod
+    def of(cls, path: str) -> IdRoute | None:
+        parts = path.split("/")
+        kinds = [ID_PARAMS[p] for p in parts if p in ID_PARAMS]
+        if len(kinds) != 1:
+            return None
+        return cls(tuple(None if p in ID_PARAMS else p for p in parts), kinds[0])
+
+
+def split_id(raw_path: bytes, routes: Iterable[IdRoute]) -> tuple[str, str] | None:
+    """``(kind, id)`` when the path as sent names an id-bearing route whose id holds a
+    percent-encoded '/', else None.
+
+    The HTTP server decodes ``%2F`` before routing, so ``/tasks/a%2Fb`` would be routed as
+    ``/tasks/a/b`` ("no such endpoint") and ``POST /tasks/a%2Fstart`` as starting task
+    ``a``. No id holds a '/', so the request is about an id gridd cannot have. The method is
+    not looked at: the id is wrong whatever was asked of it. A path that fits no route
+    (``/tasks/a%2Fb/nosuch``) is left to be the unknown endpoint it is.
+    """
+    if b"%2f" not in raw_path.lower():
+        return None
+    parts = [unquote(p.decode("latin-1")) for p in raw_path.split(b"?", 1)[0].split(b"/")]
+    for route in routes:
+        if len(parts) != len(route.segments):
+            continue
+        ident = None
+        for part, literal in zip(parts, route.segments, strict=True):
+            if literal is None:
+                ident = part
+            elif part != literal:
+                break
+        else:
+            if ident is not None and "/" in ident:
+                return route.kind, ident
+    return None
+
+
+def id_error(kind: str, value: str) -> GriddError:
+    """The error the API answers for an id it cannot have, in the words of the lookups."""
+    shown = value[:80]
+    if kind == "task":
+        problem = task_id_problem(value) or "must not contain '/'"
+        return ValidationFailed(
+            f"invalid task id {shown!r}: {problem}",
+            code="invalid_task_id",
+            details={"id": shown, "problem": problem},
+        )
+    return NotFound(f"no {kind} {shown!r}", code=f"{kind}_not_found", details={"id": shown})
+
+
+class SplitIdGuard:
+    """ASGI middleware: refuses a request whose id segment holds an encoded '/'
+    (``split_id``) with the error its lookup would give, before it is routed."""
+
+    def __init__(self, app: ASGIApp, paths: Iterable[str]) -> None:
+        self.app = app
+        self.routes = [r for r in map(IdRoute.of, paths) if r is not None]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            found = split_id(scope.get("raw_path") or b"", self.routes)
+            if found is not None:
+                exc = id_error(*found)
+                response = error_response(exc.status, exc.code, exc.message, exc.details)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def raw_error_response(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from gridd import trust
+from gridd.cli.doctor_checks import grid_dir_verdict
 from tests.helpers import gridctl, running_daemon, write_config
 
 
@@ -95,15 +97,58 @@ def test_a_missing_agent_binary_fails_naming_the_config_key(
     assert "2.1.197 (Claude Code)" in claude["detail"]
 
 
-def test_a_group_readable_grid_dir_fails(repo: Path, env: dict[str, str]) -> None:
+def test_a_grid_dir_others_may_only_read_is_a_warning_gridd_fixes_when_it_starts(
+    repo: Path, env: dict[str, str]
+) -> None:
     grid = repo / ".grid"
     grid.mkdir()
-    grid.chmod(0o755)
+    grid.chmod(0o755)  # a umask of 022
+    code, checks = doctor(repo, env)
+    assert code == 0, checks
+    assert checks[".grid/"]["verdict"] == "warn"
+    assert "0o755" in checks[".grid/"]["detail"]
+    assert "gridd tightens it to 0700 each time it starts" in checks[".grid/"]["detail"]
+    assert checks[".grid/"]["fix"] == f"chmod 700 {grid}"
+    with running_daemon(repo):
+        assert stat.S_IMODE(grid.stat().st_mode) == 0o700  # as the warning says
+        code, checks = doctor(repo, env)
+    assert checks[".grid/"]["verdict"] == "ok", checks[".grid/"]
+
+
+def test_a_grid_dir_others_may_write_to_fails(repo: Path, env: dict[str, str]) -> None:
+    grid = repo / ".grid"
+    grid.mkdir()
+    grid.chmod(0o777)
     code, checks = doctor(repo, env)
     assert code == 1
     assert checks[".grid/"]["verdict"] == "fail"
-    assert "0o755" in checks[".grid/"]["detail"]
-    assert checks[".grid/"]["fix"] == f"chmod 700 {grid}"
+    assert "0o777" in checks[".grid/"]["detail"]
+    assert "can write in it" in checks[".grid/"]["detail"]
+    assert checks[".grid/"]["fix"].startswith(f"chmod 700 {grid}, then check")
+
+
+@pytest.mark.parametrize(
+    ("mode", "owner", "verdict"),
+    [
+        (stat.S_IFDIR | 0o700, 1000, "ok"),
+        (stat.S_IFDIR | 0o500, 1000, "ok"),
+        (stat.S_IFDIR | 0o755, 1000, "warn"),
+        (stat.S_IFDIR | 0o750, 1000, "warn"),
+        (stat.S_IFDIR | 0o701, 1000, "warn"),
+        (stat.S_IFDIR | 0o2700, 1000, "warn"),
+        (stat.S_IFDIR | 0o770, 1000, "fail"),
+        (stat.S_IFDIR | 0o702, 1000, "fail"),
+        (stat.S_IFDIR | 0o1777, 1000, "fail"),
+        (stat.S_IFDIR | 0o700, 0, "fail"),
+        (stat.S_IFDIR | 0o755, 0, "fail"),
+        (stat.S_IFLNK | 0o777, 1000, "fail"),
+        (stat.S_IFREG | 0o600, 1000, "fail"),
+    ],
+)
+def test_grid_dir_verdict_warns_only_for_what_gridd_tightens_itself(
+    mode: int, owner: int, verdict: str
+) -> None:
+    assert grid_dir_verdict(mode, owner=owner, uid=1000) == verdict
 
 
 def test_a_world_accessible_socket_fails(repo: Path, env: dict[str, str]) -> None:

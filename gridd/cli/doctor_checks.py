@@ -1,9 +1,10 @@
 """What ``gridctl doctor`` checks, one function per concern, each returning ``Check``s.
 
-Decisions are pure (``git_verdict``, ``mode_verdict``, ``disk_verdict``, ``fd_verdict``);
-the functions around them look at the machine: git on PATH, the agent binaries the config
-names, ``.grid/`` and the socket, the pid and lock files, trust, disk, fd limits, the
-database (read-only) and the daemon. Nothing here changes anything.
+Decisions are pure (``git_verdict``, ``mode_verdict``, ``grid_dir_verdict``,
+``disk_verdict``, ``fd_verdict``); the functions around them look at the machine: git on
+PATH, the agent binaries the config names, ``.grid/`` and the socket, the pid and lock
+files, trust, disk, fd limits, the database (read-only) and the daemon. Nothing here
+changes anything.
 """
 
 from __future__ import annotations
@@ -78,6 +79,20 @@ def mode_verdict(mode: int, *, allowed: int) -> Verdict:
     return "ok" if stat.S_IMODE(mode) & ~allowed == 0 else "fail"
 
 
+def grid_dir_verdict(mode: int, *, owner: int, uid: int) -> Verdict:
+    """``.grid/`` from its ``lstat``: ``fail`` unless it is a directory (not a link) of
+    ``uid``'s that no one else may write to; ``warn`` when others may only read or enter it,
+    as a clone or a umask of 022 leaves it: gridd tightens it to 0700 itself each time it
+    starts (``Workspace.ensure_grid_dir``); ``ok`` at 0700."""
+    if stat.S_ISLNK(mode) or not stat.S_ISDIR(mode) or owner != uid:
+        return "fail"
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        # Others may have put files there already (a config.toml whose commands gridd would
+        # run): tightening the mode later does not take them out.
+        return "fail"
+    return "ok" if mode_verdict(mode, allowed=0o700) == "ok" else "warn"
+
+
 def disk_verdict(free: int) -> Verdict:
     return "fail" if free < DISK_FAIL_BYTES else "warn" if free < DISK_WARN_BYTES else "ok"
 
@@ -133,6 +148,10 @@ def check_grid_dir(grid_dir: Path, uid: int) -> Check:
         st = grid_dir.lstat()
     except FileNotFoundError:
         return Check(".grid/", "ok", f"{grid_dir} does not exist yet (created 0700 at first start)")
+    verdict = grid_dir_verdict(st.st_mode, owner=st.st_uid, uid=uid)
+    if verdict == "ok":
+        return Check(".grid/", "ok", f"{grid_dir} is 0700 and yours")
+    mode = oct(stat.S_IMODE(st.st_mode))
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         return Check(".grid/", "fail", f"{grid_dir} is not a directory", f"move {grid_dir} away")
     if st.st_uid != uid:
@@ -142,15 +161,24 @@ def check_grid_dir(grid_dir: Path, uid: int) -> Check:
             f"{grid_dir} is owned by uid {st.st_uid}, not you ({uid})",
             f"chown -R {uid} {grid_dir}",
         )
-    if mode_verdict(st.st_mode, allowed=0o700) == "fail":
+    if verdict == "fail":
         return Check(
             ".grid/",
             "fail",
-            f"{grid_dir} is {oct(stat.S_IMODE(st.st_mode))}: other users can reach the"
-            " database, logs and agents' environments (API keys)",
-            f"chmod 700 {grid_dir}",
+            f"{grid_dir} is {mode}: other users can write in it (a config.toml of theirs, whose"
+            " commands gridd would run as you; a database or log of theirs) and reach the"
+            " database, logs and agents' environments (API keys). gridd tightens it to 0700"
+            " when it starts, but keeps what others may have put there",
+            f"chmod 700 {grid_dir}, then check that everything in it is yours: ls -la {grid_dir}",
         )
-    return Check(".grid/", "ok", f"{grid_dir} is 0700 and yours")
+    return Check(
+        ".grid/",
+        "warn",
+        f"{grid_dir} is {mode}: other users can enter it and read whatever its files let"
+        " them (the database, logs, agents' environments). gridd tightens it to 0700 each"
+        " time it starts (a running daemon: at its next start)",
+        f"chmod 700 {grid_dir}",
+    )
 
 
 def check_socket(sock: Path, uid: int, answering: bool) -> Check:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Generator
 from pathlib import Path
 
-from gridd import lean, trust
+from gridd import lean, lockholder, trust
 from gridd.adapters.registry import get_adapter
 from gridd.api import create_app
 from gridd.api.protocol import ConnectionGate, gridd_protocol
@@ -45,7 +45,9 @@ log = logging.getLogger("gridd")
 
 
 def acquire_lock(ws: Workspace) -> int:
-    """Take the workspace lock or raise AlreadyRunning naming the holder's pid."""
+    """Take the workspace lock or raise AlreadyRunning naming the holder: the pid written
+    in the lock file, or the process the kernel says holds it when that is another one (a
+    daemon of a version that wrote no pid, any program holding an ``flock`` on it)."""
     try:
         fd = os.open(ws.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
@@ -53,12 +55,28 @@ def acquire_lock(ws: Workspace) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = _read_holder_pid(fd)
-        os.close(fd)
-        raise AlreadyRunning(str(ws.root), holder) from None
+        try:
+            written = _read_holder_pid(fd)
+        finally:
+            os.close(fd)
+        raise AlreadyRunning(str(ws.root), written, holder=_other_holder(ws, written)) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def _other_holder(ws: Workspace, written: int | None) -> tuple[int, str] | None:
+    """The live process the kernel says holds the lock, with its command line, when it
+    is not the pid written in the lock file; None when they agree or it cannot be told
+    (not Linux, released meanwhile, a holder in another pid namespace or gone)."""
+    try:
+        pid = lockholder.flock_holder(ws.lock_path)
+    except OSError:
+        return None
+    if not pid or pid == written:
+        return None
+    command = lockholder.describe(pid)
+    return None if command == "gone" else (pid, command)
 
 
 def _read_holder_pid(fd: int, *, patience: float = 0.5) -> int | None:

@@ -10,7 +10,7 @@
     │   └── ValidationFailed   422   well-formed but invalid values
     ├── WorkspaceError               no git repository, path too deep for a socket
     ├── ConfigError                  .grid/config.toml is invalid (names the key)
-    ├── AlreadyRunning               another gridd holds the workspace lock
+    ├── AlreadyRunning               another gridd (or another program) holds the workspace lock
     ├── StoreError                   the SQLite state cannot be used
     └── DaemonUnreachable            (client side) nothing answers on the socket
 
@@ -95,14 +95,30 @@ class ConfigError(GriddError):
 
 
 class AlreadyRunning(GriddError):
+    """The workspace lock is held. ``pid``: the pid written in the lock file (what a gridd
+    writes once it holds it); ``holder``: when the kernel names a different holder (Linux,
+    ``/proc/locks``), its pid and command line, and the message names that process."""
+
     code = "already_running"
 
-    def __init__(self, workspace: str, pid: int | None) -> None:
-        pid_text = str(pid) if pid is not None else "unknown"
-        super().__init__(
-            f"gridd is already running for {workspace} (pid {pid_text})",
-            details={"workspace": workspace, "pid": pid},
-        )
+    def __init__(
+        self, workspace: str, pid: int | None, *, holder: tuple[int, str] | None = None
+    ) -> None:
+        details: dict[str, Any] = {"workspace": workspace, "pid": pid}
+        if holder is None:
+            pid_text = str(pid) if pid is not None else "unknown"
+            message = f"gridd is already running for {workspace} (pid {pid_text})"
+        else:
+            holder_pid, command = holder
+            written = f"; the lock file names pid {pid}" if pid is not None else ""
+            message = (
+                f"gridd cannot start for {workspace}: pid {holder_pid} ({command}) holds"
+                f" .grid/gridd.lock{written}. If that is not a gridd serving this workspace,"
+                f" end it (kill {holder_pid}) and start gridd again"
+            )
+            details.update(pid=holder_pid, lockFilePid=pid, holder=command)
+            pid = holder_pid
+        super().__init__(message, details=details)
         self.pid = pid
 
 

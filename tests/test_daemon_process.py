@@ -5,14 +5,17 @@ Every test here runs real ``gridd`` processes on real git repositories under /tm
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import os
+import shutil
 import signal
 import socket
 import sqlite3
 import stat
 import subprocess
+import sys
 import tempfile
+import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from gridd import daemon as daemon_module
+from gridd import lockholder
 from gridd.errors import AlreadyRunning, WorkspaceError
 from gridd.store import MIGRATIONS, SCHEMA_VERSION
 from gridd.workspace import SOCKET_PATH_MAX, Workspace
@@ -458,32 +462,110 @@ def test_state_path_that_is_a_file_is_refused_with_a_message(repo: Path) -> None
     assert (repo / ".grid").read_text() == "not a directory\n"
 
 
+@contextlib.contextmanager
+def lock_held_by_another_process(
+    ws: Workspace, *, writes: str = "", after: float = 0.0
+) -> Iterator[subprocess.Popen[str]]:
+    """A process holding ``flock`` on ``ws``'s lock that writes ``writes`` into it after
+    ``after`` seconds ("{pid}" becomes its own pid), as a gridd winning the lock does."""
+    program = textwrap.dedent(
+        f"""
+        import fcntl, os, time
+        fd = os.open({str(ws.lock_path)!r}, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        print("locked", flush=True)
+        time.sleep({after!r})
+        os.pwrite(fd, {writes!r}.format(pid=os.getpid()).encode(), 0)
+        time.sleep(120)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_lock_loser_waits_briefly_for_the_winner_to_write_its_pid(tmp_path: Path) -> None:
     ws = Workspace(root=tmp_path)
     ws.ensure_grid_dir()
-    holder = os.open(ws.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(holder, fcntl.LOCK_EX)  # won the lock, has not written its pid yet
-        late = threading.Timer(0.1, lambda: os.pwrite(holder, b"4242\n", 0))
-        late.start()
-        with pytest.raises(AlreadyRunning) as info:
-            daemon_module.acquire_lock(ws)
-        late.join()
-        assert info.value.pid == 4242
-        assert f"gridd is already running for {tmp_path} (pid 4242)" == info.value.message
-    finally:
-        os.close(holder)
+    # Won the lock, writes its pid a moment later.
+    with (
+        lock_held_by_another_process(ws, writes="{pid}\n", after=0.1) as holder,
+        pytest.raises(AlreadyRunning) as info,
+    ):
+        daemon_module.acquire_lock(ws)
+    assert info.value.pid == holder.pid
+    assert f"gridd is already running for {tmp_path} (pid {holder.pid})" == info.value.message
 
 
-def test_lock_holder_that_never_writes_a_pid_is_reported_as_unknown(tmp_path: Path) -> None:
+def test_lock_held_by_a_process_that_wrote_no_pid_is_refused_naming_that_process(
+    tmp_path: Path,
+) -> None:
     ws = Workspace(root=tmp_path)
     ws.ensure_grid_dir()
-    holder = os.open(ws.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(holder, fcntl.LOCK_EX)
+    with lock_held_by_another_process(ws) as holder, pytest.raises(AlreadyRunning) as info:
+        daemon_module.acquire_lock(ws)
+    assert info.value.pid == holder.pid
+    assert info.value.message.startswith(
+        f"gridd cannot start for {tmp_path}: pid {holder.pid} ({sys.executable} -c "
+    ), info.value.message
+    assert ") holds .grid/gridd.lock. If that is not a gridd" in info.value.message
+    assert f"end it (kill {holder.pid})" in info.value.message
+    assert info.value.details["lockFilePid"] is None
+
+
+def test_a_lock_file_naming_another_pid_is_refused_naming_the_real_holder(
+    tmp_path: Path,
+) -> None:
+    ws = Workspace(root=tmp_path)
+    ws.ensure_grid_dir()
+    with lock_held_by_another_process(ws, writes="4242\n") as holder:
+        wait_for(lambda: ws.lock_path.read_text() == "4242\n", message="the stale pid")
         with pytest.raises(AlreadyRunning) as info:
             daemon_module.acquire_lock(ws)
-        assert info.value.pid is None
-        assert "(pid unknown)" in info.value.message
+    assert info.value.pid == holder.pid
+    assert f": pid {holder.pid} (" in info.value.message
+    assert "; the lock file names pid 4242." in info.value.message
+
+
+def test_where_the_kernel_cannot_name_the_holder_the_lock_file_pid_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lockholder, "PROC_LOCKS", tmp_path / "no-proc-locks")  # not Linux
+    ws = Workspace(root=tmp_path)
+    ws.ensure_grid_dir()
+    with lock_held_by_another_process(ws, writes="4242\n"):
+        wait_for(lambda: ws.lock_path.read_text() == "4242\n", message="the stale pid")
+        with pytest.raises(AlreadyRunning) as info:
+            daemon_module.acquire_lock(ws)
+    assert info.value.message == f"gridd is already running for {tmp_path} (pid 4242)"
+    ws.lock_path.write_text("")
+    with lock_held_by_another_process(ws), pytest.raises(AlreadyRunning) as info:
+        daemon_module.acquire_lock(ws)
+    assert info.value.pid is None
+    assert info.value.message == f"gridd is already running for {tmp_path} (pid unknown)"
+
+
+def test_a_second_gridd_refused_by_a_flock_command_names_it(repo: Path) -> None:
+    flock = shutil.which("flock")
+    if flock is None:
+        pytest.skip("flock (util-linux) is not installed")
+    lock = repo / ".grid" / "gridd.lock"
+    lock.parent.mkdir(mode=0o700)
+    lock.touch(mode=0o600)
+    holder = subprocess.Popen([flock, str(lock), "sleep", "60"])
+    try:
+        wait_for(lambda: lockholder.flock_holder(lock) == holder.pid, message="flock to hold it")
+        result = run_gridd(repo)
     finally:
-        os.close(holder)
+        holder.kill()
+        holder.wait()
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert (
+        f"gridd: gridd cannot start for {repo.resolve()}: pid {holder.pid}"
+        f" ({flock} {lock} sleep 60) holds .grid/gridd.lock." in result.stderr
+    ), result.stderr

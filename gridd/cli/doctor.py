@@ -17,8 +17,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
-
 from gridd.cli import daemonctl
 from gridd.cli.context import EXIT_ERROR, EXIT_OK, Command, Context
 from gridd.cli.doctor_checks import (
@@ -33,6 +31,7 @@ from gridd.cli.doctor_checks import (
 )
 from gridd.client import GridClient
 from gridd.errors import GriddError
+from gridd.lockholder import describe, flock_holder
 from gridd.settings import Settings, load_settings
 from gridd.workspace import Workspace, find_workspace
 
@@ -58,19 +57,10 @@ def configured_commands(settings: Settings, root: Path) -> dict[str, list[str]]:
 def lock_holder(lock: Path) -> int | None:
     """The pid holding ``flock`` on ``lock`` (from /proc/locks), else whether it is held
     at all (a non-blocking try, released at once: pid 0 means "held, holder unknown")."""
-    try:
-        st = lock.stat()
-    except FileNotFoundError:
+    if not lock.exists():
         return None
-    device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    try:
-        for line in Path("/proc/locks").read_text().splitlines():
-            fields = line.split()
-            if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == device:
-                return int(fields[4])
-        return None
-    except (OSError, ValueError):
-        pass
+    with contextlib.suppress(OSError):
+        return flock_holder(lock)
     try:
         fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -82,13 +72,6 @@ def lock_holder(lock: Path) -> int | None:
     finally:
         os.close(fd)
     return None
-
-
-def _describe(pid: int) -> str:
-    try:
-        return " ".join(psutil.Process(pid).cmdline())[:120] or "?"
-    except psutil.Error:
-        return "gone"
 
 
 def check_pid_and_lock(ws: Workspace, answering_pid: int | None) -> list[Check]:
@@ -112,7 +95,7 @@ def check_pid_and_lock(ws: Workspace, answering_pid: int | None) -> list[Check]:
                 Check(
                     "pid file",
                     "warn",
-                    f"{ws.pid_path} names pid {pid}, now {_describe(pid)}: not a gridd (the"
+                    f"{ws.pid_path} names pid {pid}, now {describe(pid)}: not a gridd (the"
                     " daemon that wrote it has ended; its pid was reused)",
                     f"harmless (overwritten at the next start); rm {ws.pid_path}",
                 )
@@ -123,7 +106,7 @@ def check_pid_and_lock(ws: Workspace, answering_pid: int | None) -> list[Check]:
                     "pid file",
                     "fail",
                     f"{ws.pid_path} names live pid {pid}"
-                    f" ({_describe(pid)}), which does not answer on the socket",
+                    f" ({describe(pid)}), which does not answer on the socket",
                     f"a hung or starting gridd: see {ws.log_path}; kill {pid}",
                 )
             )
@@ -132,7 +115,7 @@ def check_pid_and_lock(ws: Workspace, answering_pid: int | None) -> list[Check]:
     if holder is None or holder == answering_pid:
         checks.append(Check("lock", "ok", "free, or held by the answering daemon"))
     else:
-        who = f"pid {holder} ({_describe(holder)})" if holder else "another process"
+        who = f"pid {holder} ({describe(holder)})" if holder else "another process"
         checks.append(
             Check(
                 "lock",

@@ -10,11 +10,13 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -24,8 +26,10 @@ import pytest
 from rich.console import Console
 
 from gridd.cli import render
+from gridd.cli.daemonctl import START_TIMEOUT
 from gridd.client import SSEEvent
 from gridd.errors import GriddError
+from gridd.lockholder import flock_holder
 from gridd.model import (
     Agent,
     AgentStatus,
@@ -241,6 +245,33 @@ def test_daemon_start_failure_shows_exit_status_and_output(ws: Path) -> None:
     assert "log_levle" in result.stderr  # the daemon's own complaint, from gridd.out
     assert "gridd.out" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_daemon_start_refused_by_a_lock_holder_fails_at_once_naming_it(ws: Path) -> None:
+    # The lock file names a live process that is not the one holding the lock (a reused
+    # pid): gridctl does not wait for it to come up as a daemon, it says who holds the lock.
+    if shutil.which("flock") is None:
+        pytest.skip("flock (util-linux) is not installed")
+    grid = ws / ".grid"
+    grid.mkdir(mode=0o700)
+    lock = grid / "gridd.lock"
+    lock.touch(mode=0o600)
+    bystander = subprocess.Popen(["sleep", "60"])
+    holder = subprocess.Popen(["flock", str(lock), "sleep", "60"])
+    try:
+        wait_for(lambda: flock_holder(lock) == holder.pid, message="flock to hold it")
+        lock.write_text(f"{bystander.pid}\n")
+        started = time.monotonic()
+        result = gridctl(ws, "daemon", "start")
+        took = time.monotonic() - started
+    finally:
+        for proc in (holder, bystander):
+            proc.kill()
+            proc.wait()
+    assert result.returncode == 1, result.stderr
+    assert "exited during startup with status 1" in result.stderr
+    assert f"pid {holder.pid} (flock {lock} sleep 60) holds .grid/gridd.lock" in result.stderr
+    assert took < START_TIMEOUT, took  # not the wait for an answer that never comes
 
 
 def test_events_prints_existing_events_and_resumes_with_since(ws: Path) -> None:

@@ -20,6 +20,7 @@ import psutil
 from gridd.cli.render import duration
 from gridd.client import GridClient
 from gridd.errors import DaemonUnreachable, GriddError
+from gridd.lockholder import flock_holder
 from gridd.workspace import Workspace
 
 #: How long ``start`` waits for the new daemon to answer ``GET /health``.
@@ -126,13 +127,22 @@ def _rotate_out(path: Path) -> None:
 
 
 def _other_daemon_starting(ws: Workspace, child_pid: int) -> bool:
-    """Whether the lock file names a live process other than ``child_pid``.
+    """Whether the lock file names a live process other than ``child_pid`` that holds the
+    lock (by the kernel's table where it can be read; the file's word elsewhere).
 
     The daemon writes its pid into ``gridd.lock`` once it holds the lock. We only read it:
-    taking the lock ourselves, even briefly, could make a starting daemon give up.
+    taking the lock ourselves, even briefly, could make a starting daemon give up. A live
+    process the file names that does not hold the lock (its pid reused, or a program other
+    than gridd holding it) is not a daemon starting: the child's own refusal says who is.
     """
-    holder = _read_pid(ws.lock_path)
-    return holder is not None and holder != child_pid and _process(holder) is not None
+    named = _read_pid(ws.lock_path)
+    if named is None or named == child_pid or _process(named) is None:
+        return False
+    try:
+        holder = flock_holder(ws.lock_path)
+    except OSError:  # not Linux, or the file is gone: the file's word is all there is
+        return True
+    return holder in (named, 0)  # 0: held from another pid namespace, cannot tell
 
 
 def start(ws: Workspace) -> tuple[DaemonStatus, bool]:

@@ -1,0 +1,127 @@
+"""The list of event types (``gridd.event_types``) is the one gridd publishes and documents."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+import gridd
+from gridd import event_types
+from gridd.notify import Watch
+
+SOURCE = Path(gridd.__file__).resolve().parent
+DOCS = SOURCE.parent / "docs" / "events.md"
+
+#: The bus's own methods, and the supervisor's hook (``Supervisor.announce``, an attribute
+#: the Grid sets, so no ``def`` of that name passes the type through).
+BUS_METHODS = frozenset({"publish", "publish_many", "announce"})
+
+
+def _parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    args = fn.args
+    return {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
+
+
+def _callee(call: ast.Call) -> tuple[str, bool] | None:
+    """``(name, on_self)`` of a call like ``x.y.name(...)`` / ``self.name(...)``."""
+    func = call.func
+    if not isinstance(func, ast.Attribute):
+        return None
+    on_self = isinstance(func.value, ast.Name) and func.value.id == "self"
+    return func.attr, on_self
+
+
+def _functions(tree: ast.Module) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+
+
+def _calls_in(fn: ast.AST) -> list[ast.Call]:
+    return [n for n in ast.walk(fn) if isinstance(n, ast.Call) and n.args]
+
+
+def published_types() -> tuple[set[str], list[str]]:
+    """Every type gridd's source publishes, and each call whose type cannot be read.
+
+    A publisher is a bus method, or a function that hands one of its own parameters to a
+    publisher as the type (``Notifier._publish(type_, ...)``, ``Supervisor._tell(kind, ...)``):
+    found here, not listed by hand. A wrapper called on ``self`` counts in its own module
+    only (the radar's ``_publish(found)`` publishes no type of its caller's choosing)."""
+    trees = {p: ast.parse(p.read_text(), str(p)) for p in sorted(SOURCE.rglob("*.py"))}
+    anywhere: set[str] = set()  # wrappers called as ``obj.name(...)`` from any module
+    local: dict[Path, set[str]] = {p: set() for p in trees}  # ... as ``self.name(...)``
+
+    def is_publisher(path: Path, call: ast.Call) -> bool:
+        callee = _callee(call)
+        if callee is None:
+            return False
+        name, on_self = callee
+        if name in BUS_METHODS:
+            return True
+        return name in local[path] if on_self else name in anywhere
+
+    changed = True
+    while changed:  # wrappers of wrappers
+        changed = False
+        for path, tree in trees.items():
+            for fn in _functions(tree):
+                params = _parameters(fn)
+                for call in _calls_in(fn):
+                    first = call.args[0]
+                    passes_through = isinstance(first, ast.Name) and first.id in params
+                    if passes_through and is_publisher(path, call) and fn.name not in local[path]:
+                        local[path].add(fn.name)
+                        anywhere.add(fn.name)
+                        changed = True
+
+    found: set[str] = set()
+    unreadable: list[str] = []
+    for path, tree in trees.items():
+        wrappers = {fn: _parameters(fn) for fn in _functions(tree) if fn.name in local[path]}
+        passed_on = {
+            id(call)
+            for fn, params in wrappers.items()
+            for call in _calls_in(fn)
+            if isinstance(call.args[0], ast.Name) and call.args[0].id in params
+        }
+        for call in _calls_in(tree):
+            if not is_publisher(path, call) or id(call) in passed_on:
+                continue
+            first = call.args[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                found.add(first.value)
+            else:
+                where = f"{path.relative_to(SOURCE.parent)}:{call.lineno}"
+                unreadable.append(f"{where}: {ast.unparse(first)}")
+    return found, unreadable
+
+
+def documented_types() -> set[str]:
+    """The first column of every table under docs/events.md's 'Event types'."""
+    section = DOCS.read_text().split("## Event types", 1)[1]
+    return set(re.findall(r"^\| `([a-z0-9_.-]+)` \|", section, flags=re.MULTILINE))
+
+
+# -- the list cannot drift ------------------------------------------------------------------
+
+
+def test_the_list_holds_exactly_the_types_the_source_publishes() -> None:
+    found, unreadable = published_types()
+    assert unreadable == [], "publish each event type as a string literal"
+    assert len(found) > 40  # the scan really read the publishing code
+    assert sorted(found - event_types.LOGGED) == [], "published but missing from the list"
+    assert sorted(event_types.LOGGED - found) == [], "listed but never published"
+
+
+def test_the_docs_table_lists_exactly_the_known_types() -> None:
+    documented = documented_types()
+    assert sorted(documented - event_types.ALL) == [], "documented but not in the list"
+    assert sorted(event_types.ALL - documented) == [], "in the list but not documented"
+
+
+@pytest.mark.parametrize("kind", sorted(event_types.DERIVED_NOTIFICATIONS))
+def test_each_derived_notification_kind_is_one_the_notifier_derives(kind: str) -> None:
+    # Derived from tasks.changed: the notifier listens to that, and to no type named kind.
+    assert Watch([kind]).types == {"tasks.changed"}

@@ -194,14 +194,14 @@ def test_default_schedule_is_keepalive_15s_and_snapshot_30s() -> None:
 
 
 def test_types_filter_applies_to_replay_and_live(repo: Path) -> None:
-    seed_events(repo, 30, types=("a.one", "b.two", "c.three"))
+    seed_events(repo, 30, types=("agent.output", "agent.warning", "beads.warning"))
     with running_daemon(repo) as d:
         read = read_sse(
             d.sock,
-            params={"since": "0", "types": "a.one,daemon.started"},
+            params={"since": "0", "types": "agent.output,daemon.started"},
             until=has_type("daemon.started"),
         )
-        assert set(read.types()) == {"a.one", "daemon.started"}
+        assert set(read.types()) == {"agent.output", "daemon.started"}
         assert read.ids == [*range(1, 31, 3), 31]
 
         # a fresh stream that asks only for daemon.stopping gets no snapshot, then just that

@@ -1,8 +1,11 @@
-"""The list of event types (``gridd.event_types``) is the one gridd publishes and documents."""
+"""The list of event types (``gridd.event_types``) is the one gridd publishes and documents,
+and a type not on it is refused where a client names one: by ``GET /events`` and by
+``gridctl events``."""
 
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -11,6 +14,7 @@ import pytest
 import gridd
 from gridd import event_types
 from gridd.notify import Watch
+from tests.helpers import gridctl, raw_http, read_sse, running_daemon
 
 SOURCE = Path(gridd.__file__).resolve().parent
 DOCS = SOURCE.parent / "docs" / "events.md"
@@ -125,3 +129,69 @@ def test_the_docs_table_lists_exactly_the_known_types() -> None:
 def test_each_derived_notification_kind_is_one_the_notifier_derives(kind: str) -> None:
     # Derived from tasks.changed: the notifier listens to that, and to no type named kind.
     assert Watch([kind]).types == {"tasks.changed"}
+
+
+# -- GET /events ----------------------------------------------------------------------------
+
+
+def _get(sock: Path, target: str) -> tuple[int, dict[str, object]]:
+    status, _, body = raw_http(
+        sock, f"GET {target} HTTP/1.1\r\nHost: gridd\r\nConnection: close\r\n\r\n".encode()
+    )
+    return status, json.loads(body) if status != 200 else {}
+
+
+def test_events_refuse_an_unknown_type_naming_it_and_the_closest_known_one(repo: Path) -> None:
+    with running_daemon(repo) as d:
+        status, body = _get(d.sock, "/events?types=agent.completed,agent.questoin")
+        assert status == 400
+        error = body["error"]
+        assert isinstance(error, dict)
+        assert error["code"] == "unknown_event_type"
+        assert error["message"] == (
+            "unknown event type 'agent.questoin'; did you mean 'agent.question'?"
+        )
+        assert error["details"] == {
+            "unknown": ["agent.questoin"],
+            "known": sorted(event_types.ALL),
+        }
+
+        status, body = _get(d.sock, "/events?since=0&types=nosuch.type")
+        assert status == 400
+        error = body["error"]
+        assert isinstance(error, dict)
+        assert "'nosuch.type'" in str(error["message"])
+        assert error["code"] == "unknown_event_type"
+
+
+def test_events_still_stream_known_types_and_the_snapshot(repo: Path) -> None:
+    with running_daemon(repo) as d:
+        read = read_sse(
+            d.sock,
+            params={"types": "state.snapshot,reset,daemon.stopping"},
+            until=lambda r: "state.snapshot" in r.types(),
+        )
+        assert read.types() == ["state.snapshot"]
+        read = read_sse(
+            d.sock,
+            params={"since": "0", "types": "daemon.started"},
+            until=lambda r: "daemon.started" in r.types(),
+        )
+        assert read.types() == ["daemon.started"]
+
+
+# -- gridctl events -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("follow", [False, True], ids=["printed", "followed"])
+def test_gridctl_events_with_a_misspelt_type_says_which_and_fails(repo: Path, follow: bool) -> None:
+    with running_daemon(repo):
+        args = ["events", "--types", "agent.spawned,agent.questoin"]
+        proc = gridctl(repo, *args, *(["--follow"] if follow else []), timeout=30)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout == ""
+    assert proc.stderr.splitlines()[0] == (
+        "gridctl: unknown event type 'agent.questoin'; did you mean 'agent.question'?"
+        " [unknown_event_type]"
+    )
+    assert "Traceback" not in proc.stderr

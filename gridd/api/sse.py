@@ -24,6 +24,8 @@ from starlette.types import Message, Receive, Scope, Send
 from gridd.api.errors import query_int
 from gridd.api.uvicorn_core import without_uvicorn_cli
 from gridd.errors import BadRequest
+from gridd.event_types import ALL as KNOWN_TYPES
+from gridd.event_types import RESET, SNAPSHOT, unknown, unknown_message
 from gridd.events import BATCH_BYTES, Subscriber
 from gridd.grid import Grid
 from gridd.model import Event
@@ -31,8 +33,6 @@ from gridd.model import Event
 if TYPE_CHECKING:
     from sse_starlette import EventSourceResponse, ServerSentEvent
 
-SNAPSHOT = "state.snapshot"
-RESET = "reset"
 _TYPE_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789._-")
 MAX_TYPES = 64
 
@@ -83,6 +83,14 @@ def parse_types(request: Request) -> frozenset[str] | None:
     for name in types:
         if len(name) > 64 or not set(name) <= _TYPE_CHARS:
             raise BadRequest(f"invalid event type in 'types': {name!r}", code="bad_query")
+    # A misspelt type would match nothing, forever: indistinguishable from "no events yet".
+    wrong = unknown(types, KNOWN_TYPES)
+    if wrong:
+        raise BadRequest(
+            unknown_message(wrong, KNOWN_TYPES),
+            code="unknown_event_type",
+            details={"unknown": wrong, "known": sorted(KNOWN_TYPES)},
+        )
     return types or None
 
 

@@ -12,13 +12,14 @@ import time
 from collections.abc import Generator, Iterator
 from typing import Any, cast
 
+from gridd import event_types
 from gridd.cli import render
 from gridd.cli.context import EXIT_OK, Command, Context
 from gridd.client import GridClient, SSEEvent
-from gridd.errors import DaemonUnreachable
+from gridd.errors import BadRequest, DaemonUnreachable
 
 #: Event types that describe the stream rather than the workspace; shown only on request.
-STREAM_EVENTS = frozenset({"state.snapshot", "reset"})
+STREAM_EVENTS = event_types.STREAM_ONLY
 #: ``stream_events`` keeps reconnecting a broken stream for this long before giving up.
 RECONNECT_TIMEOUT = 10.0
 RECONNECT_INTERVAL = 0.2
@@ -54,7 +55,7 @@ def build_events(parser: argparse.ArgumentParser) -> None:
         metavar="A,B",
         default=None,
         help="only these comma-separated event types (state.snapshot and reset are shown"
-        " only when named here)",
+        " only when named here); an unknown type is an error",
     )
     parser.add_argument(
         "--pretty",
@@ -133,9 +134,23 @@ def _reset_note(data: Any) -> str:
     return f"event #{requested} is not in the daemon's log (latest #{latest}); continuing live"
 
 
+def _refuse_unknown(wanted: frozenset[str]) -> None:
+    """Without --follow the types are filtered here, so the daemon never sees them to refuse
+    a misspelt one (with --follow it does: the daemon's list is the one that counts)."""
+    wrong = event_types.unknown(wanted)
+    if wrong:
+        raise BadRequest(
+            event_types.unknown_message(wrong, event_types.ALL),
+            code="unknown_event_type",
+            details={"unknown": wrong, "known": sorted(event_types.ALL)},
+        )
+
+
 def run_events(ctx: Context) -> int:
     args = ctx.args
     wanted = frozenset(t.strip() for t in (args.types or "").split(",") if t.strip()) or None
+    if wanted and not args.follow:
+        _refuse_unknown(wanted)
     client = ctx.client()
     stop_at: int | None = None
     if not args.follow:

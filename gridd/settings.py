@@ -11,8 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
+from gridd import event_types
 from gridd.errors import ConfigError
 
 
@@ -302,6 +304,29 @@ class NotificationSettings(_Section):
         ],
         description="Event types (or derived task.failed, tasks.all_done) that notify",
     )
+
+    @field_validator("events")
+    @classmethod
+    def _known_events(cls, events: list[str]) -> list[str]:
+        """A misspelt type would never notify, and nothing would say so."""
+        wrong = event_types.unknown(events, event_types.NOTIFIABLE)
+        if not wrong:
+            return events
+        typos = [name for name in wrong if name not in event_types.ALL]
+        mute = [name for name in wrong if name in event_types.ALL]
+        problems = []
+        if typos:
+            problems.append(
+                event_types.unknown_message(typos, event_types.NOTIFIABLE, what="event")
+            )
+        if mute:
+            problems.append(
+                ", ".join(f"'{name}'" for name in mute)
+                + (" never notifies" if len(mute) == 1 else " never notify")
+                + " (notify.* would notify of itself; state.snapshot and reset are per stream)"
+            )
+        raise PydanticCustomError("unknown_event", "; ".join(problems))
+
     webhook_url: str | None = Field(
         default=None, pattern=r"^https?://", description="POST each notification here as JSON"
     )

@@ -1,20 +1,31 @@
 """The list of event types (``gridd.event_types``) is the one gridd publishes and documents,
-and a type not on it is refused where a client names one: by ``GET /events`` and by
-``gridctl events``."""
+and a type not on it is refused wherever a client or a config names one: by ``GET /events``,
+by ``gridctl events`` and by ``[notifications] events``."""
 
 from __future__ import annotations
 
 import ast
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
 import gridd
 from gridd import event_types
+from gridd.errors import ConfigError
 from gridd.notify import Watch
-from tests.helpers import gridctl, raw_http, read_sse, running_daemon
+from gridd.settings import parse_settings
+from tests.helpers import (
+    GRIDD,
+    gridctl,
+    raw_http,
+    read_sse,
+    run_gridd,
+    running_daemon,
+    write_config,
+)
 
 SOURCE = Path(gridd.__file__).resolve().parent
 DOCS = SOURCE.parent / "docs" / "events.md"
@@ -195,3 +206,48 @@ def test_gridctl_events_with_a_misspelt_type_says_which_and_fails(repo: Path, fo
         " [unknown_event_type]"
     )
     assert "Traceback" not in proc.stderr
+
+
+# -- [notifications] events -----------------------------------------------------------------
+
+
+def test_a_misspelt_notification_event_is_a_config_error_with_a_suggestion() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_settings({"notifications": {"events": ["agent.questoin", "task.failed"]}})
+    assert info.value.message == (
+        "config: invalid value for 'notifications.events':"
+        " unknown event 'agent.questoin'; did you mean 'agent.question'?"
+    )
+    assert info.value.details["problems"][0]["key"] == "notifications.events"
+
+
+@pytest.mark.parametrize("name", ["notify.failed", "state.snapshot"])
+def test_a_notification_event_that_can_never_notify_is_a_config_error(name: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_settings({"notifications": {"events": [name]}})
+    assert f"'{name}' never notifies" in info.value.message
+
+
+def test_every_event_and_derived_kind_the_notifier_can_send_is_accepted() -> None:
+    names = sorted(event_types.NOTIFIABLE)
+    assert {"task.failed", "tasks.all_done", "agent.question"} <= set(names)
+    settings = parse_settings({"notifications": {"events": names}})
+    assert settings.notifications.events == names
+
+
+def test_gridd_check_config_and_start_refuse_a_misspelt_notification_event(repo: Path) -> None:
+    write_config(repo, '[notifications]\nevents = ["agent.questoin"]\n')
+    expected = "did you mean 'agent.question'?"
+    check = subprocess.run(
+        [*GRIDD, "--workspace", str(repo), "--check-config"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert check.returncode == 1
+    assert "'notifications.events'" in check.stderr and expected in check.stderr
+    start = run_gridd(repo)
+    assert start.returncode == 1
+    assert expected in start.stderr and "Traceback" not in start.stderr
+    assert not (repo / ".grid" / "gridd.sock").exists()

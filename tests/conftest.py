@@ -23,6 +23,17 @@ def daemon(repo: Path) -> Iterator[DaemonProc]:
         yield d
 
 
+@pytest.fixture(scope="module")
+def live() -> Iterator[DaemonProc]:
+    """One real gridd shared by a module's tests (requests that leave nothing behind)."""
+    root = make_repo()
+    try:
+        with running_daemon(root) as d:
+            yield d
+    finally:
+        remove_repo(root)
+
+
 @pytest.fixture
 def ws(repo: Path) -> Iterator[Path]:
     """A repository whose gridd (started by gridctl during the test) and agents are gone

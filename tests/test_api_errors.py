@@ -5,22 +5,11 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import DaemonProc, make_repo, raw_http, remove_repo, running_daemon
-
-
-@pytest.fixture(scope="module")
-def live() -> Iterator[DaemonProc]:
-    root = make_repo()
-    try:
-        with running_daemon(root) as d:
-            yield d
-    finally:
-        remove_repo(root)
+from tests.helpers import DaemonProc, raw_http
 
 
 def request(

@@ -6,20 +6,8 @@ import platform
 from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
 from gridd import API_VERSION, __version__
-from tests.helpers import DaemonProc, make_repo, remove_repo, running_daemon
-
-
-@pytest.fixture(scope="module")
-def live() -> Iterator[DaemonProc]:
-    root = make_repo()
-    try:
-        with running_daemon(root) as d:
-            yield d
-    finally:
-        remove_repo(root)
+from tests.helpers import DaemonProc
 
 
 def _refs(node: Any) -> Iterator[str]:

@@ -6,23 +6,12 @@ with requests written byte for byte (no client library re-encodes them)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from gridd.api.errors import IdRoute, split_id
-from tests.helpers import DaemonProc, make_repo, raw_http, remove_repo, running_daemon
-
-
-@pytest.fixture(scope="module")
-def live() -> Iterator[DaemonProc]:
-    root = make_repo()
-    try:
-        with running_daemon(root) as d:
-            yield d
-    finally:
-        remove_repo(root)
+from tests.helpers import DaemonProc, raw_http
 
 
 def ask(live: DaemonProc, method: str, target: str) -> tuple[int, dict[str, Any]]:

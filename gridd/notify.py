@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import aiohttp
 
 from gridd.background import Background
+from gridd.event_types import DERIVED_NOTIFICATIONS
 from gridd.events import EventBus
 from gridd.model import Event
 from gridd.settings import NotificationSettings
@@ -69,8 +70,8 @@ class Watch:
         self._status: dict[str, str] = {}
         self._unfinished: set[str] = set()
         self._was_all_done = False
-        self.types = self.kinds - {"task.failed", "tasks.all_done"}
-        if self.kinds & {"task.failed", "tasks.all_done"}:
+        self.types = self.kinds - DERIVED_NOTIFICATIONS
+        if self.kinds & DERIVED_NOTIFICATIONS:
             self.types |= {"tasks.changed"}
 
     def notice(self, event: Event) -> list[Notification]:

@@ -120,3 +120,18 @@ def unknown_message(names: list[str], known: frozenset[str], *, what: str = "eve
     if not any(guesses.values()):
         text += " (docs/events.md lists them)"
     return text
+
+
+def refuse_unknown(types: Iterable[str]) -> None:
+    """Raise ``BadRequest`` (``unknown_event_type``, naming the closest known type) when any
+    of ``types`` is not a type a stream can carry: what ``?types=`` and ``gridctl events
+    --types`` answer a misspelt type with, instead of matching nothing forever."""
+    wrong = unknown(types, ALL)
+    if wrong:
+        from gridd.errors import BadRequest  # only on a mistake
+
+        raise BadRequest(
+            unknown_message(wrong, ALL),
+            code="unknown_event_type",
+            details={"unknown": wrong, "known": sorted(ALL)},
+        )

@@ -16,7 +16,7 @@ from gridd import event_types
 from gridd.cli import render
 from gridd.cli.context import EXIT_OK, Command, Context
 from gridd.client import GridClient, SSEEvent
-from gridd.errors import BadRequest, DaemonUnreachable
+from gridd.errors import DaemonUnreachable
 
 #: Event types that describe the stream rather than the workspace; shown only on request.
 STREAM_EVENTS = event_types.STREAM_ONLY
@@ -134,23 +134,13 @@ def _reset_note(data: Any) -> str:
     return f"event #{requested} is not in the daemon's log (latest #{latest}); continuing live"
 
 
-def _refuse_unknown(wanted: frozenset[str]) -> None:
-    """Without --follow the types are filtered here, so the daemon never sees them to refuse
-    a misspelt one (with --follow it does: the daemon's list is the one that counts)."""
-    wrong = event_types.unknown(wanted)
-    if wrong:
-        raise BadRequest(
-            event_types.unknown_message(wrong, event_types.ALL),
-            code="unknown_event_type",
-            details={"unknown": wrong, "known": sorted(event_types.ALL)},
-        )
-
-
 def run_events(ctx: Context) -> int:
     args = ctx.args
     wanted = frozenset(t.strip() for t in (args.types or "").split(",") if t.strip()) or None
     if wanted and not args.follow:
-        _refuse_unknown(wanted)
+        # Filtered here, so the daemon never sees them to refuse a misspelt one (with
+        # --follow it does: the daemon's list is the one that counts).
+        event_types.refuse_unknown(wanted)
     client = ctx.client()
     stop_at: int | None = None
     if not args.follow:

@@ -33,16 +33,37 @@ def _run(args: list[str], *, cwd: Path, timeout: float) -> subprocess.CompletedP
     )
 
 
+UI_SKIPPED = "setup: the editor's UI tests will be skipped"
+
+
 @pytest.fixture(scope="module")
-def extension() -> Iterator[Path]:
-    """The extension with its dev dependencies installed and its bundle built."""
+def setup_output() -> str:
+    """setup.sh's stderr: it installs what the tests need, or says what it left out."""
     if shutil.which("npm") is None:
         pytest.skip("the VS Code extension's tests need node and npm")
     setup = _run(["sh", str(EXT / "scripts" / "setup.sh")], cwd=EXT, timeout=900)
     assert setup.returncode == 0, f"setup failed:\n{setup.stdout}\n{setup.stderr}"
+    return setup.stderr
+
+
+@pytest.fixture(scope="module")
+def extension(setup_output: str) -> Iterator[Path]:
+    """The extension with its dev dependencies installed and its bundle built."""
     build = _run(["npm", "run", "-s", "build"], cwd=EXT, timeout=120)
     assert build.returncode == 0, build.stdout + build.stderr
     yield EXT
+
+
+@pytest.fixture(scope="module")
+def code_server(extension: Path, setup_output: str) -> Path:
+    """code-server, installed by setup.sh unless it said why not (no root, no chromium):
+    then the UI tests are skipped with that line, never passed."""
+    binary = extension / "e2e" / "node_modules" / ".bin" / "code-server"
+    if not binary.exists():
+        said = [line for line in setup_output.splitlines() if line.startswith(UI_SKIPPED)]
+        assert said, f"setup.sh left out code-server without saying why:\n{setup_output}"
+        pytest.skip(said[0].removeprefix("setup: "))
+    return binary
 
 
 @pytest.mark.timeout(300)
@@ -59,7 +80,7 @@ def test_extension_is_strict_typescript_without_type_errors(extension: Path) -> 
 
 
 @pytest.mark.timeout(300)
-def test_npm_run_package_builds_an_installable_vsix(extension: Path) -> None:
+def test_npm_run_package_builds_an_installable_vsix(extension: Path, code_server: Path) -> None:
     vsix = extension / "build" / "gridd-vscode.vsix"
     vsix.unlink(missing_ok=True)
     result = _run(["npm", "run", "-s", "package"], cwd=extension, timeout=240)
@@ -80,7 +101,6 @@ def test_npm_run_package_builds_an_installable_vsix(extension: Path) -> None:
             "XDG_DATA_HOME": str(home / ".local/share"),
             "EXTENSIONS_GALLERY": "{}",
         }
-        code_server = extension / "e2e" / "node_modules" / ".bin" / "code-server"
         installed = subprocess.run(
             [
                 str(code_server),
@@ -129,7 +149,7 @@ def _e2e(extension: Path, suite: str) -> None:
 
 
 @pytest.mark.timeout(420)
-def test_e2e_ui_in_code_server_against_a_real_gridd(extension: Path) -> None:
+def test_e2e_ui_in_code_server_against_a_real_gridd(extension: Path, code_server: Path) -> None:
     """Tree from the snapshot, session from the palette, live output, question answered
     from the notification, diff, approve -> dependant starts, reject with feedback, and a
     killed then restarted gridd shown as "not connected" then reconnected."""
@@ -137,7 +157,7 @@ def test_e2e_ui_in_code_server_against_a_real_gridd(extension: Path) -> None:
 
 
 @pytest.mark.timeout(420)
-def test_e2e_in_extension_host_against_a_real_gridd(extension: Path) -> None:
+def test_e2e_in_extension_host_against_a_real_gridd(extension: Path, code_server: Path) -> None:
     """The real vscode API in code-server's extension host: snapshot, session, output,
     follow-up, question answered elsewhere, error mapping, no event or output chunk lost
     across a gridd kill and restart, diff tabs, reject."""

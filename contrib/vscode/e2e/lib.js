@@ -248,7 +248,7 @@ class CodeServer {
 async function launchBrowser(out) {
   const { chromium } = require("playwright-core");
   return chromium.launch({
-    executablePath: "/usr/bin/chromium",
+    executablePath: process.env.GRIDD_CHROMIUM || "/usr/bin/chromium",
     headless: true,
     args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
     env: { ...process.env, XDG_CONFIG_HOME: path.join(out, "chromium-config"), HOME: path.join(out, "chromium-home") },

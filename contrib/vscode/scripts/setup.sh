@@ -15,11 +15,24 @@ mkdir -p "$cache"
 exec 9>"$cache/.lock"
 flock 9
 
-if ! command -v chromium >/dev/null 2>&1 || ! dpkg -s libkrb5-dev >/dev/null 2>&1; then
+# Native modules (code-server's argon2, kerberos, node-pty) build with node-gyp, which otherwise
+# downloads Node's headers from nodejs.org: a machine that reaches only the package registries
+# has them from Debian's nodejs (/usr/include/node), so build against those.
+if [ -z "${npm_config_nodedir:-}" ] && [ -f /usr/include/node/node.h ]; then
+  export npm_config_nodedir=/usr
+fi
+
+# The UI tests need Debian's chromium, and code-server's kerberos module needs libkrb5-dev.
+# Without them and without root, only those tests are skipped (they say so); the rest runs.
+chromium="${GRIDD_CHROMIUM:-/usr/bin/chromium}"
+ui=1
+if [ ! -x "$chromium" ] || ! dpkg -s libkrb5-dev >/dev/null 2>&1; then
   if [ "$(id -u)" != 0 ]; then
-    echo "vscode tests need: apt-get install chromium libkrb5-dev (run as root)" >&2; exit 1
+    echo "setup: the editor's UI tests will be skipped: they need Debian's chromium and libkrb5-dev (as root: apt-get install chromium libkrb5-dev)" >&2
+    ui=0
+  else
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium libkrb5-dev
   fi
-  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium libkrb5-dev
 fi
 
 # link DIR BIN...: make DIR/node_modules the cached install of DIR/package.json's devDependencies.
@@ -58,4 +71,4 @@ install_into() {
 }
 
 link "$here" tsc esbuild vsce
-link "$here/e2e" code-server
+if [ $ui = 1 ]; then link "$here/e2e" code-server; fi

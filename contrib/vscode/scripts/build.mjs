@@ -1,4 +1,5 @@
 // Bundles the extension with esbuild into dist/extension.js (vscode stays external).
+import { mkdirSync } from "node:fs";
 import * as esbuild from "esbuild";
 
 const production = process.argv.includes("--production");
@@ -14,3 +15,6 @@ await esbuild.build({
   minify: production,
   logLevel: "warning",
 });
+
+// `npm run package` writes the .vsix into build/, which vsce does not create: a fresh clone has none.
+if (production) mkdirSync("build", { recursive: true });

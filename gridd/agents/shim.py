@@ -11,9 +11,16 @@ writes ``agent.json`` with the agent's pid once it runs, and ``exit.json`` with 
 status when it ends. SIGUSR1 closes the agent's stdin: the shim lets go of its writer.
 
 The daemon signals the agent's process group directly; the shim only forwards the signals
-it receives itself. It starts on every spawn, so it imports only modules built into the
-interpreter (``marshal``, ``_signal``, no ``json`` or ``subprocess``): that is the difference
-between ~8 ms and ~20 ms of start-up.
+it receives itself. On Linux the shim is the agent's child subreaper
+(``PR_SET_CHILD_SUBREAPER``): whatever the agent starts stays below the shim, even after a
+``setsid()`` or ``setpgid()`` or the death of its parent, and when the agent ends (it exits,
+or is stopped, killed or timed out) the shim ends every process still below it (SIGTERM
+with SIGCONT, SIGKILL a second later) before it writes ``exit.json``. That needs no daemon:
+it holds while the daemon is away or restarting.
+
+It starts on every spawn, so it imports only modules built into the interpreter
+(``marshal``, ``_signal``, no ``json`` or ``subprocess``; ``ctypes``, for ``prctl``, is
+imported ahead of need): that is the difference between ~8 ms and ~20 ms of start-up.
 """
 
 from __future__ import annotations
@@ -76,20 +83,164 @@ def _grow_pipe(fd: int) -> None:
             pass  # capped by /proc/sys/fs/pipe-max-size: the default buffer still works
 
 
-def _reap_group(pgid: int) -> None:
-    """End what the agent left running in its process group (TERM, then KILL)."""
-    for sig, pause in ((_signal.SIGTERM, 1.0), (_signal.SIGKILL, 0.0)):
+#: ``prctl`` option (Linux ``<linux/prctl.h>``): orphans below us are re-parented to us.
+PR_SET_CHILD_SUBREAPER = 36
+#: What the agent leaves running gets SIGTERM, then SIGKILL after this long.
+LEFTOVER_GRACE_SECONDS = 1.0
+#: SIGKILL given, how long we keep looking for what is still there (a process in
+#: uninterruptible sleep dies only when its I/O returns): then the shim writes its exit.
+KILL_WAIT_SECONDS = 5.0
+
+
+def _become_subreaper() -> bool:
+    """Make the shim the child subreaper of its agent (Linux): a descendant that loses its
+    parent (a daemon that double-forks, a ``setsid`` child of an agent that exited) is
+    re-parented to us, not to init, so it stays below us and dies with the run whatever
+    session or process group it moved to. False where the OS has no such thing."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes  # imported ahead of need (``_serve``, a spare shim), so this is cheap
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def _preload() -> None:
+    """Import ``ctypes`` (for ``_become_subreaper``) ahead of need: a shim server before it
+    forks any shim, a spare shim while it waits for its run."""
+    if sys.platform.startswith("linux"):
         try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
+            import ctypes  # noqa: F401
+        except ImportError:
+            pass
+
+
+def _read_small(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 65536)
+    finally:
+        os.close(fd)
+
+
+def _children_by_parent() -> dict[int, list[int]]:
+    """Every live process's children, from each ``/proc/<pid>/stat``: where the kernel keeps
+    no ``/proc/<pid>/task/<tid>/children``. Zombies are left out: they hold nothing."""
+    tree: dict[int, list[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return tree
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            fields = _read_small(f"/proc/{name}/stat").rpartition(b")")[2].split()
+        except OSError:
+            continue
+        if len(fields) > 1 and fields[0] != b"Z":
+            tree.setdefault(int(fields[1]), []).append(int(name))
+    return tree
+
+
+def _children(pid: int) -> list[int]:
+    """``pid``'s children, from ``/proc/<pid>/task/*/children`` (one list per thread)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []  # gone meanwhile
+    found: list[int] = []
+    for tid in tids:
+        try:
+            found += [int(c) for c in _read_small(f"/proc/{pid}/task/{tid}/children").split()]
+        except (OSError, ValueError):
+            continue  # that thread ended meanwhile
+    return found
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below ``root``, parents before their children (Linux ``/proc``; empty
+    elsewhere). One forked while we look is found by the next look."""
+    if not os.path.isdir("/proc/self/task"):
+        return []
+    listed = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
+    tree = None if listed else _children_by_parent()
+    found: list[int] = []
+    seen = {root}
+    todo = [root]
+    while todo:
+        parent = todo.pop()
+        for child in _children(parent) if tree is None else tree.get(parent, []):
+            if child not in seen:
+                seen.add(child)
+                found.append(child)
+                todo.append(child)
+    return found
+
+
+def _reap_children() -> None:
+    """Collect every child of ours that has exited (re-parented orphans included)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
             return
-        deadline = time.monotonic() + pause
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except (ProcessLookupError, PermissionError):
-                return
-            time.sleep(0.02)
+        if pid == 0:
+            return
+
+
+def _send(pids: list[int], sig: int) -> None:
+    for target in pids:
+        try:
+            os.kill(target, sig)
+        except OSError:
+            pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def end_leftovers(pgid: int, *, grace: float = LEFTOVER_GRACE_SECONDS) -> None:
+    """End what the agent left running: every process below the shim (as the child
+    subreaper, a descendant stays below us whatever ``setsid()`` or ``setpgid()`` it
+    called) and the agent's process group (all there is where ``/proc`` is not). SIGTERM
+    with SIGCONT (a stopped process cannot act on TERM), SIGKILL after ``grace``; each
+    process reaped as it goes."""
+    me = os.getpid()
+    start = time.monotonic()
+    phases = ((_signal.SIGTERM, _signal.SIGCONT), (_signal.SIGKILL,))
+    phase = -1
+    signalled: set[int] = set()
+    while True:
+        _reap_children()
+        left = descendants(me)
+        if not left and not _group_alive(pgid):
+            return
+        elapsed = time.monotonic() - start
+        if elapsed > grace + KILL_WAIT_SECONDS:
+            return  # unkillable for now (uninterruptible I/O): the run ends all the same
+        wanted = 0 if elapsed < grace else 1
+        if wanted != phase:
+            phase = wanted
+            signalled.clear()
+            for sig in phases[phase]:
+                try:
+                    os.killpg(pgid, sig)
+                except OSError:
+                    pass
+        fresh = [p for p in left if p not in signalled]
+        for sig in phases[phase]:
+            _send(fresh, sig)
+        signalled.update(fresh)
+        time.sleep(0.02)
 
 
 class ExecFailed(OSError):
@@ -228,6 +379,7 @@ def _run(run_dir: str) -> int:
         _signal.signal(_signal.SIGUSR1, _close_stdin)
     else:
         stdin = os.open(os.devnull, os.O_RDONLY)
+    _become_subreaper()
     try:
         pid = _spawn(spec, stdin, out)
     except OSError as exc:
@@ -255,9 +407,9 @@ def _run(run_dir: str) -> int:
 
     for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
         _signal.signal(sig, forward)
-    _, status = os.waitpid(pid, 0)
+    status = _wait_for(pid)
     code = os.waitstatus_to_exitcode(status)
-    _reap_group(pid)
+    end_leftovers(pid)  # before exit.json: nothing of the run writes after it says it ended
     _write_json(
         os.path.join(run_dir, "exit.json"),
         {
@@ -268,6 +420,15 @@ def _run(run_dir: str) -> int:
         durable=True,
     )
     return 0
+
+
+def _wait_for(agent: int) -> int:
+    """The agent's wait status. Orphans re-parented to us meanwhile are collected as they
+    exit, so none stays a zombie while the agent runs."""
+    while True:
+        pid, status = os.waitpid(-1, 0)
+        if pid == agent:
+            return status
 
 
 def _await_run_dir(go_fd: int) -> str:
@@ -294,6 +455,7 @@ def _serve(control_fd: int) -> int:
     new interpreter costs ~8 ms of CPU. It exits when the daemon closes its end."""
     import socket  # once per daemon, not per agent
 
+    _preload()
     control = socket.socket(fileno=control_fd)
     while True:
         try:
@@ -344,6 +506,8 @@ if __name__ == "__main__":
         os._exit(0)  # the launcher returns at once; the shim lives on, owned by init
     if control is not None:
         sys.exit(_serve(control))
+    if go is not None:
+        _preload()  # while we wait for the run: not after, on the spawn's clock
     target = _await_run_dir(go) if go is not None else sys.argv[1]
     if not target:
         sys.exit(0)

@@ -328,6 +328,7 @@ class Commands:
         if req.feature_branch is None:
             return self.start_session(req)
         async with self._session_lock:
+            self._refuse_retarget(req.feature_branch)  # before the new branch is made
             branch = await feature.prepare(self.root, req.feature_branch, req.base_branch)
             if branch.created:
                 self.state.bus.publish(
@@ -349,21 +350,16 @@ class Commands:
             budget = req.budget_usd  # an explicit null means: no cap (warned about below)
         else:
             budget = self.settings.scheduler.budget_usd
-        if current.started:
-            if req.feature_branch != current.feature_branch and self.state.live_agents():
-                raise Conflict(
-                    f"a session on {current.feature_branch!r} is running with agents; stop it first",
-                    code="session_running",
-                )
-            if req.feature_branch == current.feature_branch:
-                changes: dict[str, Any] = {"max_agents": max_agents, "budget_usd": budget}
-                if req.on_conflict is not None:
-                    changes["on_conflict"] = req.on_conflict
-                session = current.model_copy(update=changes)
-                self.state.set_session(session)
-                if budget is None and current.budget_usd is not None:
-                    self.scheduler.warn_unbudgeted()
-                return session
+        self._refuse_retarget(req.feature_branch)
+        if current.started and req.feature_branch == current.feature_branch:
+            changes: dict[str, Any] = {"max_agents": max_agents, "budget_usd": budget}
+            if req.on_conflict is not None:
+                changes["on_conflict"] = req.on_conflict
+            session = current.model_copy(update=changes)
+            self.state.set_session(session)
+            if budget is None and current.budget_usd is not None:
+                self.scheduler.warn_unbudgeted()
+            return session
         session = self.scheduler.start_session(req.feature_branch, max_agents, budget)
         session = session.model_copy(
             update={
@@ -374,6 +370,45 @@ class Commands:
         )
         self.state.set_session(session)
         return session
+
+    def _refuse_retarget(self, wanted: str | None) -> None:
+        """One session, one feature branch: a session on another branch may start only once
+        the current one is stopped and none of its tasks waits in review or the merge queue
+        (they would land on the new branch with the old one's history). 409 ``session_running``."""
+        current = self.state.session
+        if wanted == current.feature_branch:
+            return
+        held = []
+        if current.feature_branch is not None:
+            held = sorted(
+                t.id
+                for t in self.state.tasks.values()
+                if t.status in (TaskStatus.REVIEW, TaskStatus.MERGING)
+            )
+        if not current.started and not held:
+            return
+        name = current.feature_branch or "(no feature branch)"
+        todo = []
+        if current.started:
+            todo.append("run 'gridctl session stop'")
+        if held:
+            shown = ", ".join(held[:10]) + (f" and {len(held) - 10} more" if len(held) > 10 else "")
+            todo.append(
+                f"approve or cancel its tasks in review or merging ({shown}) and let their"
+                " merges finish"
+            )
+        state = "is running" if current.started else "still has work in review or merging"
+        raise Conflict(
+            f"the session on {name!r} {state}; to work on {wanted or '(no feature branch)'!r},"
+            f" {' and '.join(todo)}, then start the session again",
+            code="session_running",
+            details={
+                "featureBranch": current.feature_branch,
+                "requested": wanted,
+                "running": current.started,
+                "tasks": held,
+            },
+        )
 
     def stop_session(self, *, force: bool) -> SessionState:
         if not self.state.session.started and not self.state.live_agents():

@@ -84,6 +84,7 @@ class Task(WireModel):
     feedback: str | None = None  # a reviewer's or the merge queue's words for its next run
     merge_queued_at: datetime | None = None  # approved at: the merge queue's order
     merge_commit: str | None = None  # the feature branch commit that holds its work
+    merged_into: str | None = None  # the feature branch it was merged into (set when done)
     merge_conflict: list[str] = Field(default_factory=list)  # files its last merge conflicted on
 
 
@@ -187,6 +188,8 @@ class Stats(WireModel):
     rate_limited: int = 0
     waiting: int = 0
     spent_usd: float = 0.0
+    #: Done tasks per feature branch they were merged into (``Task.merged_into``).
+    merged_by_branch: dict[str, int] = Field(default_factory=dict)
 
 
 class DaemonInfo(WireModel):

@@ -51,7 +51,7 @@ class GridState:
         # Whole-list encodings and task counts, dropped on any change to what they cover.
         self._tasks_blob: bytes | None = None
         self._live_blob: bytes | None = None
-        self._task_counts: tuple[dict[str, int], int] | None = None
+        self._task_counts: tuple[dict[str, int], int, dict[str, int]] | None = None
         #: Task id -> its first live agent's id (``agent_for_task``); None: rebuild.
         self._by_task: dict[str, str] | None = None
         #: Agents whose published output position is newer than their row's (the log after
@@ -171,17 +171,21 @@ class GridState:
     def stats(self) -> Stats:
         if self._task_counts is None:
             counts: dict[str, int] = {}
+            merged: dict[str, int] = {}
             waiting = 0
             for task in self.tasks.values():
                 counts[task.status.value] = counts.get(task.status.value, 0) + 1
                 waiting += task.waiting_since is not None
-            self._task_counts = counts, waiting
-        counts, waiting = self._task_counts
+                if task.merged_into is not None and task.status == TaskStatus.DONE:
+                    merged[task.merged_into] = merged.get(task.merged_into, 0) + 1
+            self._task_counts = counts, waiting, merged
+        counts, waiting, merged = self._task_counts
         live_cost = sum(a.cost_usd or 0.0 for a in self.live.values())
         return Stats(
             **{k: v for k, v in counts.items() if k in Stats.model_fields},
             waiting=waiting,
             spent_usd=round(self.session.spent_usd + live_cost, 6),
+            merged_by_branch=merged,
         )
 
     # -- agents --------------------------------------------------------------------------------

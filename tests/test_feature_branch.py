@@ -1,7 +1,9 @@
 """The session's feature branch on real repositories: created once (even when starts and
 spawns race), refused while checked out anywhere or when not a branch name, continued from
 its tip when it exists; and a daemon killed between a merge and the ref update leaves the
-branch as it was, the queue finishing the merge on restart."""
+branch as it was, the queue finishing the merge on restart. One session, one feature branch:
+another branch is refused while a session runs or its work waits in review, each task
+records the branch it was merged into, and finish, /state and status report per branch."""
 
 from __future__ import annotations
 
@@ -12,12 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from gridd.client import GridClient
 from gridd.errors import Conflict, ValidationFailed
 from gridd.worktrees import Worktrees
 from tests.helpers import (
     agent_command,
     core_daemon,
     event_log,
+    gridctl,
     wait_for,
     wait_task_status,
     write_core_config,
@@ -163,3 +167,98 @@ def test_daemon_killed_between_merge_and_ref_update_leaves_no_half_state(repo: P
     finally:
         pause.unlink(missing_ok=True)
         reached.unlink(missing_ok=True)
+
+
+# -- one session, one feature branch (#22) ------------------------------------------------------
+
+
+def branch_exists(root: Path, name: str) -> bool:
+    found = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "--verify", "--quiet", f"refs/heads/{name}"],
+        capture_output=True,
+    )
+    return found.returncode == 0
+
+
+def refused_retarget(c: GridClient, branch: str) -> Conflict:
+    with pytest.raises(Conflict) as info:
+        c.post("/session/start", {"featureBranch": branch})
+    assert info.value.code == "session_running"
+    return info.value
+
+
+def test_a_running_session_is_not_retargeted_until_stopped_and_its_review_settled(
+    repo: Path,
+) -> None:
+    configure(repo)
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        c.post("/tasks", {"id": "a", "title": "first branch's work"})
+        # b waits for a: the session keeps running with no agent while a is in review.
+        c.post("/tasks", {"id": "b", "title": "second branch's work", "dependsOn": ["a"]})
+        c.post("/session/start", {"featureBranch": "feature/one", "maxAgents": 2})
+        wait_task_status(c, "a", "review")
+        one_tip = git(repo, "rev-parse", "feature/one").strip()
+        assert not c.get("/agents")
+
+        # The session runs: another branch is refused, and nothing moves.
+        running = refused_retarget(c, "feature/two")
+        assert "feature/one" in running.message and "gridctl session stop" in running.message
+        assert running.details["featureBranch"] == "feature/one"
+        assert not branch_exists(repo, "feature/two")
+        assert git(repo, "rev-parse", "feature/one").strip() == one_tip
+        state = c.get("/state")
+        assert state["session"]["started"] and state["session"]["featureBranch"] == "feature/one"
+        assert c.get("/tasks/a")["status"] == "review"
+        # The same branch again is not a retarget: it changes the session in place.
+        again = c.post("/session/start", {"featureBranch": "feature/one", "maxAgents": 2})
+        assert again["featureBranch"] == "feature/one" and again["maxAgents"] == 2
+
+        # Stopped, with its task still in review: still refused, naming that task.
+        c.post("/session/stop")
+        waiting = refused_retarget(c, "feature/two")
+        assert waiting.details["tasks"] == ["a"] and "approve" in waiting.message
+        assert not branch_exists(repo, "feature/two")
+
+        c.post("/tasks/a/approve")
+        assert wait_task_status(c, "a", "done")["mergedInto"] == "feature/one"
+
+        # Now a new branch works, and its task records it.
+        session = c.post("/session/start", {"featureBranch": "feature/two", "maxAgents": 1})
+        assert session["featureBranch"] == "feature/two" and branch_exists(repo, "feature/two")
+        wait_task_status(c, "b", "review")
+        c.post("/tasks/b/approve")
+        assert wait_task_status(c, "b", "done")["mergedInto"] == "feature/two"
+
+
+def test_finish_state_and_status_report_per_feature_branch(repo: Path) -> None:
+    configure(repo)
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        c.post("/tasks", {"id": "a", "title": "first branch's work"})
+        c.post("/session/start", {"featureBranch": "feature/one"})
+        wait_task_status(c, "a", "review")
+        c.post("/tasks/a/approve")
+        merged_a = wait_task_status(c, "a", "done")
+        c.post("/session/stop")
+
+        c.post("/tasks", {"id": "b", "title": "second branch's work"})
+        c.post("/session/start", {"featureBranch": "feature/two"})
+        wait_task_status(c, "b", "review")
+        c.post("/tasks/b/approve")
+        wait_task_status(c, "b", "done")
+
+        report = c.post("/session/finish")
+        assert report["featureBranch"] == "feature/two"
+        assert report["mergedTasks"] == ["b"]
+        finished = gridctl(repo, "session", "finish")  # the command line says the same
+        assert finished.returncode == 0, finished.stderr
+        assert "merged tasks: b\n" in finished.stdout
+
+        stats = c.get("/state")["stats"]
+        assert stats["mergedByBranch"] == {"feature/one": 1, "feature/two": 1}
+        status = gridctl(repo, "status")
+        assert status.returncode == 0, status.stderr
+        assert "merged: 1 into feature/two (this session), 1 into feature/one" in status.stdout
+        # The first session's branch is as its own merge left it.
+        assert git(repo, "rev-parse", "feature/one").strip() == merged_a["mergeCommit"]

@@ -175,6 +175,17 @@ def _task_counts(state: RepoState) -> RenderableType:
     return table
 
 
+def _merged_line(state: RepoState) -> Text | None:
+    """Done tasks per feature branch they were merged into, the session's branch first."""
+    merged = state.stats.merged_by_branch
+    if not merged:
+        return None
+    current = state.session.feature_branch
+    order = sorted(merged, key=lambda branch: (branch != current, branch))
+    parts = [f"{merged[b]} into {b}{' (this session)' if b == current else ''}" for b in order]
+    return Text.assemble(("merged: ", "dim"), ", ".join(parts))
+
+
 def resume_text(when: datetime, *, now: datetime | None = None) -> str:
     """When a parked task resumes: ``14:05:00 (in 12m)`` in local time."""
     left = (when - (now or utcnow())).total_seconds()
@@ -400,6 +411,9 @@ def status_view(state: RepoState, *, now: datetime | None = None) -> RenderableT
         Text(""),
         _task_counts(state),
     ]
+    merged = _merged_line(state)
+    if merged is not None:
+        parts.append(merged)
     notes = _task_notes(state, now=now)
     if notes is not None:
         parts.append(notes)

@@ -199,6 +199,7 @@ class MergeQueue:
             TaskStatus.DONE,
             reason="merged",
             merge_commit=commit,
+            merged_into=feature,
             merge_conflict=[],
             feedback=None,
             error=None,

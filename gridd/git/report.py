@@ -52,6 +52,17 @@ def next_steps(feature: str, base: str | None) -> list[str]:
     ]
 
 
+async def _merged_into(root: Path, task: Task, feature: str, head: str) -> bool:
+    """Whether ``task`` was merged into ``feature``: as it records (``merged_into``), or, for
+    a task merged before gridd recorded the branch, whether its merge commit is in it."""
+    if task.status != TaskStatus.DONE or not task.merge_commit:
+        return False
+    if task.merged_into is not None:
+        return task.merged_into == feature
+    found = await git(root, "merge-base", "--is-ancestor", task.merge_commit, head, check=False)
+    return found.code == 0
+
+
 async def feature_report(root: Path, session: SessionState, tasks: list[Task]) -> FeatureReport:
     feature = session.feature_branch
     if feature is None:
@@ -72,7 +83,7 @@ async def feature_report(root: Path, session: SessionState, tasks: list[Task]) -
     count = await git(root, "rev-list", "--count", f"{base}..{head}", "--")
     status = await git(root, "diff", "-z", "-M", "--name-status", base, head, "--")
     numstat = await git(root, "diff", "-z", "-M", "--numstat", base, head, "--")
-    merged = sorted(t.id for t in tasks if t.status == TaskStatus.DONE and t.merge_commit)
+    merged = sorted([t.id for t in tasks if await _merged_into(root, t, feature, head)])
     unmerged = [
         UnmergedTask(id=t.id, status=t.status.value)
         for t in sorted(tasks, key=lambda t: t.id)

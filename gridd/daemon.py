@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Generator
 from pathlib import Path
 
-from gridd import lean, lockholder, trust
+from gridd import diskfault, lean, lockholder, trust
 from gridd.adapters.registry import get_adapter
 from gridd.api import create_app
 from gridd.api.protocol import ConnectionGate, gridd_protocol
@@ -60,8 +60,19 @@ def acquire_lock(ws: Workspace) -> int:
         finally:
             os.close(fd)
         raise AlreadyRunning(str(ws.root), written, holder=_other_holder(ws, written)) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    # Written over the old pid, then cut to length: on a full disk a file truncated to
+    # nothing first may not get its page back.
+    line = f"{os.getpid()}\n".encode()
+    try:
+        os.pwrite(fd, line, 0)
+        os.ftruncate(fd, len(line))
+    except OSError as exc:
+        os.close(fd)
+        raise WorkspaceError(
+            f"cannot start: cannot write {ws.lock_path} ({exc.strerror}); free some space"
+            " (or make it writable) and start again",
+            code="disk_full" if exc.errno == errno.ENOSPC else "workspace_error",
+        ) from None
     return fd
 
 
@@ -167,6 +178,36 @@ def check_profiles(settings: Settings, *, source: str) -> None:
 # -- logging ----------------------------------------------------------------------------------
 
 
+class LogFile(logging.handlers.RotatingFileHandler):
+    """``gridd.log``. A record the disk refuses (full, read-only) is still on stderr: the
+    failure is said there in one line when it starts, not as a traceback per record."""
+
+    def __init__(self, path: Path, *, max_bytes: int, backups: int) -> None:
+        super().__init__(path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
+        self.failing = False
+        self._failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._failed = False
+        super().emit(record)
+        if self.failing and not self._failed:
+            self.failing = False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, OSError):
+            super().handleError(record)
+            return
+        self._failed = True
+        if not self.failing:
+            self.failing = True
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write(
+                    f"gridd: cannot write {self.baseFilename} ({exc.strerror});"
+                    " logging to stderr only until it can\n"
+                )
+
+
 def setup_logging(ws: Workspace, settings: Settings) -> None:
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     root = logging.getLogger()
@@ -175,11 +216,10 @@ def setup_logging(ws: Workspace, settings: Settings) -> None:
     stderr = logging.StreamHandler(sys.stderr)
     stderr.setFormatter(fmt)
     root.addHandler(stderr)
-    rotating = logging.handlers.RotatingFileHandler(
+    rotating = LogFile(
         ws.log_path,
-        maxBytes=settings.daemon.log_max_bytes,
-        backupCount=settings.daemon.log_backups,
-        encoding="utf-8",
+        max_bytes=settings.daemon.log_max_bytes,
+        backups=settings.daemon.log_backups,
     )
     rotating.setFormatter(fmt)
     root.addHandler(rotating)
@@ -231,7 +271,11 @@ class _Server(Server):
             self.force_exit = True
             return
         log.info("received %s; shutting down", signal.Signals(sig).name)
-        self.on_signal(sig)
+        try:
+            self.on_signal(sig)
+        except Exception:  # a signal handler never raises: the stop goes ahead regardless
+            log.exception("winding down before the stop failed; stopping all the same")
+        self.should_exit = True
 
 
 def _write_pid_file(path: Path) -> None:
@@ -327,6 +371,11 @@ def run(workspace: Path | None = None) -> int:
     except GriddError as exc:
         print(f"gridd: {exc.message}", file=sys.stderr)
         return 1
+    refused = diskfault.refusal(ws.grid_dir)
+    if refused is not None:  # before the log file: nothing to write anything into
+        print(f"gridd: {refused}", file=sys.stderr)
+        os.close(lock_fd)
+        return 1
     sock_inode: int | None = None
     store: Store | None = None
     logging_ready = False
@@ -346,7 +395,14 @@ def run(workspace: Path | None = None) -> int:
         else:
             print(f"gridd: {exc.message}", file=sys.stderr)
         return 1
-    except Exception:
+    except Exception as exc:
+        if diskfault.refused(exc) is not None:  # a full or read-only disk: one line, no trace
+            message = f"stopped: {type(exc).__name__}: {exc}"
+            if logging_ready:
+                log.error("%s", message)
+            else:
+                print(f"gridd: {message}", file=sys.stderr)
+            return 1
         if not logging_ready:
             raise
         log.exception("gridd stopped by an unexpected error")  # into gridd.log, not just stderr

@@ -17,6 +17,7 @@ Nothing here deletes a file: what is bad is moved or copied to ``<name>.corrupt-
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -25,6 +26,8 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+from gridd.errors import StoreError
 
 WAL_MAGIC = (0x377F0682, 0x377F0683)
 WAL_HEADER = 32
@@ -115,7 +118,7 @@ def check_before_open(db_path: Path) -> list[Problem]:
     garbled = wal_garbled(wal)
     if garbled is not None:
         copy = aside_name(wal)
-        shutil.copy2(wal, copy)
+        _copy_aside(wal, copy)
         problems.append(
             Problem(
                 "wal_garbled",
@@ -125,6 +128,20 @@ def check_before_open(db_path: Path) -> list[Problem]:
             )
         )
     return problems
+
+
+def _copy_aside(src: Path, copy: Path) -> None:
+    """Copy ``src`` to ``copy``; on a disk with no room for it, leave no partial copy and
+    refuse to go on (SQLite would drop the damaged frames the moment it opens the WAL)."""
+    try:
+        shutil.copy2(src, copy)
+    except OSError as exc:
+        copy.unlink(missing_ok=True)
+        raise StoreError(
+            f"{src.name} is damaged and there is no room to keep a copy of it before"
+            f" opening the database ({exc.strerror}); free some space and start again",
+            code="disk_full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "store_error",
+        ) from None
 
 
 def _has_wal_data(db_path: Path) -> bool:

@@ -20,6 +20,7 @@ from gridd.agents.executor import Executor
 from gridd.agents.local import LocalExecutor
 from gridd.background import Background
 from gridd.dbguard import Problem
+from gridd.errors import GriddError
 from gridd.events import EventBus
 from gridd.finish import Finisher
 from gridd.git import radar
@@ -247,9 +248,13 @@ class Grid:
         self._shutdown_callback = callback
 
     def _end_streams(self) -> None:
-        """Say goodbye on the event stream and end every live subscriber (once)."""
+        """Say goodbye on the event stream and end every live subscriber (once). The
+        goodbye is best-effort: a disk that takes no writes never holds up a stop."""
         if not self.bus.closed:
-            self.bus.publish("daemon.stopping", {"pid": os.getpid()})
+            try:
+                self.bus.publish("daemon.stopping", {"pid": os.getpid()})
+            except GriddError as exc:
+                log.error("stopping without a daemon.stopping event: %s", exc.message)
             self.bus.close()
 
     def request_shutdown(self) -> None:

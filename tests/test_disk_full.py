@@ -12,6 +12,7 @@ import asyncio
 import errno
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -26,10 +27,13 @@ from tests.helpers import (
     FAST_SCHEDULER,
     EventFollower,
     agent_command,
+    event_log,
     inprocess_daemon,
     make_repo,
     remove_repo,
+    run_gridd,
     running_daemon,
+    start_daemon,
 )
 
 
@@ -141,6 +145,90 @@ def test_health_is_degraded_while_the_disk_is_full_and_recovers_by_itself(
         assert status == 201, doc
     recovered = [e for e in _log(root) if e["type"] == "daemon.recovered"]
     assert recovered and recovered[-1]["data"] == {"part": "store"}
+
+
+#: ``[daemon] shutdown_timeout_seconds`` by default: the grace a stopping daemon gives.
+GRACE_SECONDS = 3.0
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "POST /shutdown"])
+def test_a_daemon_on_a_full_disk_stops_within_its_grace_and_a_restart_refuses_in_one_line(
+    small_disk_repo: Path, how: str
+) -> None:
+    """Stopping needs no write (its goodbye event is best-effort); a start on the full
+    disk says so in one line and exits non-zero; once space returns, nothing is lost."""
+    root = small_disk_repo
+    daemon = start_daemon(root)
+    try:
+        client = daemon.client()
+        status, doc = post_task(client, "before")
+        assert status == 201, doc
+        filler = fill(root / ".grid")
+        assert 507 in [post_task(client, f"during {n}")[0] for n in range(40)]
+        if how == "SIGTERM":
+            daemon.proc.send_signal(signal.SIGTERM)
+        else:
+            client._http.post("/shutdown")  # type: ignore[attr-defined]
+        try:
+            code = daemon.proc.wait(timeout=GRACE_SECONDS + 5)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{how} on a full disk did not stop the daemon: {daemon.stderr_text()}")
+        assert code == 0
+        said = (root / ".gridd-test-stderr").read_text()
+        assert "Traceback" not in said and "Logging error" not in said, said
+    finally:
+        for c in daemon.clients:
+            c.close()
+        if daemon.proc.poll() is None:
+            daemon.kill9()
+    refused = run_gridd(root)
+    assert refused.returncode != 0
+    said = [line for line in (refused.stdout + refused.stderr).splitlines() if line.strip()]
+    assert len(said) == 1, said
+    assert "full" in said[0] and "start again" in said[0], said
+    filler.unlink()
+    with running_daemon(root) as again:
+        titles = [t["title"] for t in again.client().get("/tasks")]
+    assert titles == ["before"]
+
+
+def test_a_damaged_wal_with_no_room_for_its_copy_is_a_one_line_refusal_not_a_half_copy(
+    small_disk_repo: Path,
+) -> None:
+    """The copy of a damaged WAL is made before SQLite opens it (and drops its damaged
+    frames). With no room for the copy the start refuses, leaving the WAL untouched and no
+    partial copy; once there is room, the copy is made and the damage reported."""
+    root = small_disk_repo
+    grid = root / ".grid"
+    daemon = start_daemon(root)
+    try:
+        client = daemon.client()
+        for n in range(6):
+            batch = [{"title": f"t{n}-{k}", "prompt": "x" * 20_000} for k in range(25)]
+            client.post("/tasks", batch)
+    finally:
+        daemon.kill9()
+    wal = grid / "gridd.db-wal"
+    data = bytearray(wal.read_bytes())
+    assert len(data) > 2 << 20, "the tasks should still be in the WAL"
+    second_frame = 32 + (24 + 4096) + 24  # of the current log, whatever came after
+    data[second_frame : second_frame + 64] = b"\xff" * 64
+    wal.write_bytes(bytes(data))
+    filler = fill(grid)
+    os.truncate(filler, filler.stat().st_size - (3 << 19))  # 1.5 MiB free: less than the WAL
+    refused = run_gridd(root)
+    assert refused.returncode != 0
+    said = [line for line in (refused.stdout + refused.stderr).splitlines() if line.strip()]
+    assert len(said) == 1, said
+    assert "no room to keep a copy" in said[0], said
+    assert not list(grid.glob("gridd.db-wal.corrupt-*")), "a partial copy was left"
+    assert wal.read_bytes() == bytes(data)
+    filler.unlink()
+    with running_daemon(root) as again:
+        kinds = [e.data["kind"] for e in event_log(again.client(), types={"daemon.store_problem"})]
+    assert "wal_garbled" in kinds, kinds
+    (copy,) = grid.glob("gridd.db-wal.corrupt-*")
+    assert copy.read_bytes() == bytes(data)
 
 
 def _log(root: Path) -> list[dict[str, object]]:

@@ -1,0 +1,94 @@
+"""The disk under ``.grid/`` refusing writes: noticed, reported, waited out, never spent.
+
+A full disk (``ENOSPC``, ``EDQUOT``) or one that is read-only (``EROFS``, or a ``.grid/``
+the daemon may not write) is nobody's task failing. The first write that fails for it (a
+run directory, a worktree, a store write) marks the fault (``DiskFault.note``). While it
+lasts, ``/health`` is degraded naming it, the scheduler starts nothing (each start would
+only fail again and use up an attempt) and a start that met it is put back uncounted. A
+probe runs every second (``DiskFault.watch``): once ``.grid/`` takes a small synced write
+with ``PROBE_MARGIN_BYTES`` free, the fault clears and work resumes by itself.
+
+A failure whose exception does not name the disk (git's "could not create leading
+directories", say) is checked with the same probe, so a start is never counted against a
+task on a guess either way.
+
+``refusal`` is the same probe for a daemon about to start: on a full or read-only disk it
+says so in one line instead of starting into errors.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+from gridd.errors import DISK_CODES, StoreError
+
+#: Free bytes ``.grid/`` must have before a disk that was full is called writable again.
+PROBE_MARGIN_BYTES = 1024 * 1024
+#: What a write of this many bytes (synced) must get through for the probe to pass.
+PROBE_BYTES = 4096
+#: The probe's file, beside the state database (written, synced and removed each time).
+PROBE_NAME = ".write-probe"
+
+#: The errors of a disk that refuses writes, and how each is said.
+_REFUSALS = {
+    errno.ENOSPC: "is full",
+    errno.EDQUOT: "is over its quota",
+    errno.EROFS: "is read-only",
+}
+#: Said of a ``.grid/`` this process may not write (only ever found by the probe: a
+#: permission error from elsewhere may well be the task's own business).
+_NOT_WRITABLE = (errno.EACCES, errno.EPERM)
+
+
+def refused(exc: BaseException | None) -> int | None:
+    """The errno of a disk refusing writes found in ``exc`` or what caused it, else None.
+    A ``StoreError`` with a disk code counts (SQLite does not keep the errno)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _REFUSALS:
+            return exc.errno
+        if isinstance(exc, StoreError) and exc.code in DISK_CODES:
+            return errno.ENOSPC if exc.code == "disk_full" else errno.EROFS
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def probe(grid_dir: Path, *, margin: int = PROBE_MARGIN_BYTES) -> str | None:
+    """Why ``grid_dir`` does not take writes now, as a sentence; None when it does."""
+    where = f"the disk holding {grid_dir}"
+    try:
+        fs = os.statvfs(grid_dir)
+    except OSError as exc:
+        return f"{grid_dir} cannot be examined ({exc.strerror})"
+    if fs.f_flag & os.ST_RDONLY:
+        return f"{where} {_REFUSALS[errno.EROFS]}"
+    free = fs.f_bavail * fs.f_frsize
+    if free < margin:
+        return f"{where} {_REFUSALS[errno.ENOSPC]} ({free} bytes free)"
+    path = grid_dir / PROBE_NAME
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, b"\0" * PROBE_BYTES)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(path)
+    except OSError as exc:
+        if exc.errno in _REFUSALS:
+            return f"{where} {_REFUSALS[exc.errno]}"
+        if exc.errno in _NOT_WRITABLE:
+            return f"{grid_dir} is not writable ({exc.strerror})"
+        return None  # not the disk's doing (a leftover directory in the way, say)
+    return None
+
+
+def refusal(grid_dir: Path) -> str | None:
+    """Why a daemon cannot start in ``grid_dir``: its disk is full or read-only."""
+    why = probe(grid_dir)
+    if why is None:
+        return None
+    return f"cannot start: {why}; free some space (or make it writable) and start again"

@@ -94,7 +94,9 @@ class Grid:
         self.worktrees = Worktrees(workspace.root, workspace.worktrees_dir)
         self.questions = QuestionBook(store=store, state=self.state, bus=self.bus)
         #: Starts, signals and reattaches agents: the local shim executor (agents/executor.py).
-        self.executor: Executor = executor or LocalExecutor(workspace.runs_dir)
+        self.executor: Executor = executor or LocalExecutor(
+            workspace.runs_dir, spawn_timeout=settings.scheduler.spawn_timeout_seconds
+        )
         self.pool = AgentPool(
             workspace=workspace,
             settings=settings,

@@ -123,6 +123,13 @@ class SchedulerSettings(_Section):
     )
     backoff_max_seconds: float = Field(default=300.0, ge=0, description="Retry delay ceiling")
     stop_grace_seconds: float = Field(default=10.0, ge=0, description="SIGTERM to SIGKILL on stop")
+    spawn_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="An agent not started by then: its run is fenced (never starts) and the"
+        " attempt fails; unless its shim already took the run, then it is waited for",
+    )
     launch_grace_seconds: float | None = Field(
         default=120.0, gt=0, description="No output or heartbeat by then: launch_failed"
     )

@@ -6,7 +6,9 @@ restart: the agent recorded before the spawn is reattached if it runs, or its ru
 fenced and the task started afresh. Process lifetimes come from the shim's own records
 (``agent.json``'s ``startedAt``, ``exit.json``'s ``endedAt``), not from events.
 The fence itself is shown on a real shim: a run fenced first is never started by a late
-shim, and a run its shim claimed first is not fenced.
+shim, and a run its shim claimed first is not fenced. A spawn the daemon gives up on (its
+shim server stopped) is fenced the same way: the task runs again, once, and the late shim
+starts nothing.
 
 An ``OSError`` from the executor (here: the runs directory replaced by a file, so no run
 directory can be made) settles the agent as exited, fails the attempt with its reason and
@@ -25,6 +27,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from gridd.agents.executor import Launch
@@ -40,6 +43,7 @@ from tests.helpers import (
     running_daemon,
     start_daemon,
     wait_for,
+    wait_for_events,
     wait_task_status,
     write_core_config,
 )
@@ -220,3 +224,57 @@ def test_a_new_run_skips_every_run_directory_on_disk(tmp_path: Path) -> None:
     assert new_run(counter, tmp_path, "work") == ("work-8", tmp_path / "work-8")
     assert new_run(counter, tmp_path, "work") == ("work-9", tmp_path / "work-9")
     assert (tmp_path / "work-9").is_dir() and not any((tmp_path / "work-9").iterdir())
+
+
+def _shim_server(marker: str) -> psutil.Process | None:
+    """The shim server of the daemon started with ``GRID_TEST_DAEMON=marker``."""
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if str(SHIM_PATH) not in cmdline or not any(a.startswith("--control-fd=") for a in cmdline):
+            continue
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get("GRID_TEST_DAEMON") == marker:
+                return proc
+    return None
+
+
+def test_a_spawn_given_up_on_is_fenced_and_its_late_shim_never_runs_the_task_twice(
+    repo: Path,
+) -> None:
+    """The shim server is stopped (SIGSTOP) while a spawn waits for it: the daemon gives the
+    spawn up and starts the task again in a new run. When the server resumes, the run it
+    was handed exits fenced: one run of the task, never two at once in its worktree."""
+    write_core_config(
+        repo,
+        agents={"work": {"command": agent_command("trivial.py", "2.0")}},
+        scheduler={"default_agent": "work", "spawn_timeout_seconds": 1.0},
+    )
+    marker = f"spawn-fence-{os.getpid()}-{repo.name}"
+    with running_daemon(repo, env={"GRID_TEST_DAEMON": marker}) as daemon:
+        c = daemon.client()
+        server = wait_for(lambda: _shim_server(marker), timeout=15, message="the shim server")
+        server.suspend()
+        try:
+            c.post("/tasks", {"id": "x", "title": "runs once", "maxAttempts": 3})
+            c.post("/session/start", {"maxAgents": 1})
+            (failed, *_) = wait_for_events(c, {"task.start_failed"}, 1, timeout=60)
+        finally:
+            server.resume()
+        wait_task_status(c, "x", "review", timeout=60)
+        agents = [a for a in c.get("/agents", params={"all": "1"}) if a["taskId"] == "x"]
+        late = Path(next(str(a["runDir"]) for a in agents if a["id"] == failed.data["agentId"]))
+        # The server, resumed, forks the shim it was asked for: it finds the run fenced.
+        shim_log = wait_for(
+            lambda: (
+                (late / "agent.json").exists()
+                or ((late / "shim.log").exists() and (late / "shim.log").read_text())
+            ),
+            timeout=30,
+            message="the late shim to act",
+        )
+        assert not (late / "agent.json").exists(), "the abandoned run started after all"
+        assert "not starting the agent" in str(shim_log)
+        assert (late / "claim").read_text().startswith("fenced: abandoned")
+        spans = _lifetimes(agents)
+        assert len(spans) == 1, f"the task's agent ran {len(spans)} times: {spans}"
+        assert "fenced" in str(failed.data["error"])

@@ -5,26 +5,25 @@ The only ``Executor`` (``agents/executor.py``) today. A spawn hands the run to a
 the shim outlives the daemon, so a restarted daemon reattaches to its agents from what the
 run directory and the state database say. A run recorded but not yet started when a
 daemon died is fenced through the shim's ``claim`` file: whoever creates it first, the shim
-or the restarted daemon, owns the run.
+or the restarted daemon, owns the run. So is a spawn the daemon gave up on (its agent did
+not start within ``spawn_timeout``): a shim server that was stopped or slow can never start
+it later.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from gridd.agents.executor import AgentHandle, Launch
-from gridd.agents.process import AgentProcess, ShimStarter
-from gridd.agents.shim import CLAIM
+from gridd.agents.process import AgentProcess, ShimStarter, fence_run
 from gridd.model import Agent
-
-#: How a claim taken by a daemon (not by a shim) starts.
-FENCED = "fenced"
 
 
 class LocalExecutor:
-    def __init__(self, runs_dir: Path) -> None:
+    def __init__(self, runs_dir: Path, *, spawn_timeout: float = 10.0) -> None:
         self.shims = ShimStarter(runs_dir / "spare-shim.log")
+        #: A spawn whose agent has not started by then is fenced (``AgentProcess.spawn``).
+        self.spawn_timeout = spawn_timeout
 
     def start(self) -> None:
         self.shims.start()
@@ -39,6 +38,7 @@ class LocalExecutor:
             cwd=launch.cwd,
             env=launch.env,
             stdin=launch.stdin,
+            timeout=self.spawn_timeout,
             starter=self.shims,
         )
 
@@ -60,14 +60,4 @@ class LocalExecutor:
     def fence(self, run_dir: Path) -> bool:
         """Take the run's ``claim`` before any shim does (then none will start it), or find
         that its shim took it first."""
-        path = run_dir / CLAIM
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            return path.read_text(errors="replace").startswith(FENCED)
-        try:
-            os.write(fd, f"{FENCED} by daemon {os.getpid()}\n".encode())
-        finally:
-            os.close(fd)
-        return True
+        return fence_run(run_dir, "recorded but not started when a daemon restarted")

@@ -10,6 +10,7 @@ import asyncio
 import errno
 import fcntl
 import json
+import logging
 import marshal
 import os
 import signal
@@ -19,10 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from gridd.agents.executor import ExitStatus
+from gridd.agents.shim import CLAIM
 from gridd.agents.starter import ForkedShim, LaunchedShim, ShimStarter
 from gridd.errors import Conflict, GriddError
 
-__all__ = ["AgentProcess", "ExitStatus", "ShimStarter", "SpawnError"]
+__all__ = ["AgentProcess", "ExitStatus", "ShimStarter", "SpawnError", "fence_run"]
+
+log = logging.getLogger(__name__)
+
+#: How a claim taken by a daemon (not by a shim) starts.
+FENCED = "fenced"
+#: A spawn given up on while its shim holds the claim: how often we look again.
+CLAIMANT_POLL_SECONDS = 0.05
 
 
 class SpawnError(GriddError):
@@ -86,6 +95,57 @@ def _write_private(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
+
+
+def fence_run(run_dir: Path, why: str) -> bool:
+    """Take the run's ``claim`` (created exclusively) before its shim does: then no shim
+    will ever start it, however late it comes. True when the run is fenced (by us now, or
+    by a daemon before), False when its shim took it first (it runs, or is about to)."""
+    path = run_dir / CLAIM
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text(errors="replace").startswith(FENCED)
+    try:
+        os.write(fd, f"{FENCED}: {why} (daemon {os.getpid()})\n".encode())
+    finally:
+        os.close(fd)
+    return True
+
+
+def _claimant(run_dir: Path) -> tuple[int, float] | None:
+    """(pid, claim time) of the shim that claimed the run, from its ``claim`` file."""
+    path = run_dir / CLAIM
+    try:
+        text = path.read_text(errors="replace")
+        claimed_at = path.stat().st_mtime
+    except OSError:
+        return None
+    word, _, pid = text.strip().partition(" ")
+    return (int(pid), claimed_at) if word == "shim" and pid.isdigit() else None
+
+
+def _claimant_alive(claimant: tuple[int, float]) -> bool:
+    """True while the shim that claimed the run lives (a pid created after the claim is
+    someone else's)."""
+    pid, claimed_at = claimant
+    created = process_create_time(pid)
+    if created is None or created > claimed_at + 1.0:
+        return False
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")[-2000:].strip()
+    except OSError:
+        return ""
 
 
 def _pipe_room(fd: int) -> int | None:
@@ -166,23 +226,59 @@ class AgentProcess:
         await shim.reap_launcher()
         deadline = loop.time() + 0.5
         handle = cls(run_dir, None, None)
-        while True:
-            info = read_json(run_dir / "agent.json")
-            if info is not None:
-                handle.pid = int(info["pid"])
-                handle.create_time = process_create_time(handle.pid)
-                handle.shim_pid = int(info["shimPid"])
-                handle.shim_create_time = process_create_time(handle.shim_pid)
-                return handle
-            if (run_dir / "exit.json").exists():
-                return handle  # the command could not even start; exit.json says why
+        while not handle._settled():
             if loop.time() > deadline or shim.failed:
-                log_text = (run_dir / "shim.log").read_text(errors="replace")[-2000:]
-                raise SpawnError(
-                    f"agent supervisor did not start the agent: {log_text.strip() or 'no output'}",
-                    details={"runDir": str(run_dir)},
-                )
+                # Given up on: fence the run, so that a shim that comes late (a stopped,
+                # slow or restarting shim server) can never start it; or learn that its
+                # shim took it first, and then it is ours to track, however long it takes.
+                why = f"abandoned: the agent did not start within {timeout:g}s"
+                if fence_run(run_dir, why):
+                    if isinstance(shim, ForkedShim) and starter is not None:
+                        starter.server_failed()  # spares from now on: this server lags
+                    raise SpawnError(
+                        f"agent supervisor did not start the agent within {timeout:g}s; the"
+                        f" run is fenced and will never start:"
+                        f" {_log_tail(run_dir / 'shim.log') or 'no output'}",
+                        details={"runDir": str(run_dir)},
+                    )
+                await handle._await_claimant(timeout)
+                break
             await asyncio.sleep(0.003)
+        return handle
+
+    def _settled(self) -> bool:
+        """True once the shim said the agent runs (``agent.json``: the pids are taken from
+        it) or could not start (``exit.json``)."""
+        info = read_json(self.run_dir / "agent.json")
+        if info is not None:
+            self.pid = int(info["pid"])
+            self.create_time = process_create_time(self.pid)
+            self.shim_pid = int(info["shimPid"])
+            self.shim_create_time = process_create_time(self.shim_pid)
+            return True
+        return (self.run_dir / "exit.json").exists()
+
+    async def _await_claimant(self, timeout: float) -> None:
+        """The run's shim claimed it before we gave up: it starts the agent, or is about to
+        (it may be stopped, or slow). Wait for it to say so for as long as it lives: a
+        second run of the task must not start meanwhile. Gone without a word, it failed."""
+        log.warning(
+            "agent supervisor of %s claimed the run but has not started the agent within"
+            " %gs; waiting for it",
+            self.run_dir,
+            timeout,
+        )
+        claimant = _claimant(self.run_dir)
+        while not self._settled():
+            if claimant is None or not _claimant_alive(claimant):
+                if self._settled():  # it writes its record just before it exits
+                    return
+                raise SpawnError(
+                    "agent supervisor took the run and exited without starting the agent:"
+                    f" {_log_tail(self.run_dir / 'shim.log') or 'no output'}",
+                    details={"runDir": str(self.run_dir)},
+                )
+            await asyncio.sleep(CLAIMANT_POLL_SECONDS)
 
     @classmethod
     def adopt(cls, run_dir: Path, *, not_before: float) -> AgentProcess | None:

@@ -35,7 +35,8 @@ import time
 
 STDIN_PIPE_BYTES = 1024 * 1024
 #: Created exclusively by whoever takes the run first: this shim (it starts the agent) or a
-#: restarted daemon fencing a spawn that never started (``LocalExecutor.fence``).
+#: daemon fencing a spawn that never started: one it gave up on, or one a restarted daemon
+#: found recorded but not started (``process.fence_run``).
 CLAIM = "claim"
 
 
@@ -359,6 +360,14 @@ def _claim(run_dir: str) -> bool:
 
 def _run(run_dir: str) -> int:
     if not _claim(run_dir):
+        # Fenced: the daemon gave up on this spawn (or a restarted one found it not
+        # started) and may have started the task again in a new run. Never a second one.
+        try:
+            with open(os.path.join(run_dir, CLAIM), "rb") as fh:
+                why = fh.read(500).decode(errors="replace").strip()
+        except OSError:
+            why = "claim taken"
+        os.write(2, f"gridd shim {os.getpid()}: not starting the agent: {why}\n".encode())
         return 0
     with open(os.path.join(run_dir, "spec.marshal"), "rb") as fh:
         spec = marshal.load(fh)

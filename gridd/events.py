@@ -1,9 +1,11 @@
 """The event bus: every state change is appended to the durable log, then fanned out.
 
-``publish`` is synchronous: the event is committed to SQLite before any subscriber sees it
-(inside a transaction, fan-out waits for the commit and a rollback cancels it), and ids
-are handed out strictly increasing, in the order subscribers receive them, never reused. Each subscriber owns a bounded queue;
-one that falls behind is dropped (it resumes from its last id with Last-Event-ID and loses
+``publish`` is synchronous and never waits on the disk: the event gets its id at once
+(strictly increasing, in the order subscribers receive them, never reused), and is
+committed to SQLite before any subscriber sees it (inside a transaction, fan-out waits for
+the commit and a rollback cancels it; while the database is locked or slow the store
+queues the write, ``Store.after_commit``, and the fan-out follows its commit, in order).
+Each subscriber owns a bounded queue; one that falls behind is dropped (it resumes from its last id with Last-Event-ID and loses
 nothing) so a slow client can never slow the others or grow memory without bound.
 
 All queues together are bounded too (``total_bytes``): an event shared by fifty queues is
@@ -255,7 +257,8 @@ class EventBus:
     def publish(self, type_: str, data: dict[str, Any] | None = None) -> Event:
         """Append ``type_`` to the log; subscribers and listeners hear of it once it is
         committed (at once outside a transaction, at its commit inside one, never when it
-        rolls back). A full disk raises ``StoreError`` and nobody hears anything."""
+        rolls back; later when the store has queued it). A full disk raises ``StoreError``
+        and nobody hears anything."""
         event = self._store.append_event(type_, data or {})
         self._store.after_commit(lambda: self._fan_out(event))
         return event

@@ -1,7 +1,10 @@
 """The state cache: tasks, agents and the session in memory, written through to SQLite.
 
-Reads are instant (``GET /state`` never waits on I/O); every mutation is persisted before
-it is visible, bumps ``revision`` and wakes the scheduler. Task changes are batched into one
+Reads are instant (``GET /state`` never waits on I/O, the database being locked or not);
+every mutation is persisted before it is visible (or, while the database is locked or
+slow, queued by the store and visible at once: the cache is the source of truth, and what
+is queued is committed in order, ``Store.durable``), bumps ``revision`` and wakes the
+scheduler. Task changes are batched into one
 ``tasks.changed`` event per flush (the changed tasks, not the whole list: 10,000 tasks would
 make every event megabytes).
 """

@@ -8,6 +8,7 @@ who publishes it as an event and a health warning.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ from gridd.dbguard import (
     read_marker,
     write_marker,
 )
+from gridd.dbwriter import DONE, FAILED, Batch, Op, Writer
 from gridd.errors import StoreError
 from gridd.model import Agent, Event, Question, Task, isotime, utcnow
 
@@ -89,6 +91,15 @@ PROBE_MARGIN_BYTES = 1024 * 1024
 POSITIONS_MARK = "output.positions_through"
 #: The last line shown of an agent's output (``Agent.last_output``) is cut to this.
 LAST_LINE_CHARS = 300
+#: How long a write made on the event loop waits for its commit before the loop goes on
+#: (it stays queued and commits later): the most the loop ever waits on the database.
+SYNC_WAIT_SECONDS = 0.05
+#: A write waiting this long turns ``/health`` degraded, with the reason (``slow_reason``).
+SLOW_AFTER_SECONDS = 1.0
+#: Stopping, queued writes are tried this long before the daemon gives up on them.
+CLOSE_TIMEOUT_SECONDS = 10.0
+#: SQLite's busy wait for a read (WAL: only a checkpoint or recovery can hold one up).
+READ_WAIT_SECONDS = 0.5
 
 
 def last_line(text: str) -> str:
@@ -130,20 +141,43 @@ def _quarantine(db_path: Path, reason: str) -> list[Path]:
 
 
 class Store:
-    """The daemon's SQLite state. Methods are synchronous and fast (WAL, NORMAL sync)."""
+    """The daemon's SQLite state.
+
+    Writes are committed by the writer thread (``gridd.dbwriter``), in the order they were
+    made. On the event loop a write waits for its commit only briefly (``SYNC_WAIT_SECONDS``)
+    and only when nothing is queued before it: while the database keeps up a write has
+    committed (or raised ``StoreError``) when the call returns, as on a connection of its
+    own. When it does not keep up (locked by another process, a slow disk), the write stays
+    queued and the loop goes on: what runs "after the commit" (``after_commit``: the event
+    bus's fan-out) runs when it has committed, and ``await durable()`` waits for that.
+    Reads use a second connection on the caller's thread (WAL: never blocked by a writer);
+    the ``meta`` table is also kept in memory, so reading it never waits.
+    """
 
     def __init__(self, conn: sqlite3.Connection, path: Path, report: OpenReport) -> None:
-        self._conn = conn
         self.path = path
         self.report = report
-        self._after_commit: list[Callable[[], None]] = []
+        self._reader = _connect_reader(path)
         self._watch = FileWatch(path)
+        #: The ``meta`` table as this daemon has written it (committed or queued).
+        self._meta: dict[str, str] = {
+            str(k): str(v) for k, v in self._reader.execute("SELECT key, value FROM meta")
+        }
+        #: The transaction being gathered on the caller's thread (``transaction()``).
+        self._open: _Open | None = None
+        #: The last write handed over without waiting for it, until it has committed.
+        self._tail: Batch | None = None
+        self._durable_waiters: list[asyncio.Future[None]] = []
         # Ids are handed out from here, never by SQLite alone: a rolled-back insert would
         # otherwise give its id to the next event (and a client may have been told of it).
         self._next_event_id = self._max_event_id() + 1
         #: The last write refused by a full or read-only disk, until ``probe_write`` finds
         #: the disk writable again (``/health`` shows ``store`` degraded meanwhile).
         self.write_error: StoreError | None = None
+        self._writer = Writer(conn)
+        self._writer.on_failure = self._queued_write_failed
+        self._writer.on_commit = self._queued_write_committed
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- opening -------------------------------------------------------------------------
 
@@ -222,29 +256,160 @@ class Store:
             raise
         return conn
 
-    def close(self) -> None:
+    def close(self, *, timeout: float = CLOSE_TIMEOUT_SECONDS) -> None:
+        """Commit every queued write (trying for at most ``timeout`` seconds), checkpoint
+        and close both connections."""
+        if not self._writer.close(timeout):
+            log.error(
+                "STATE DATABASE: writes still queued after %.0f s could not be saved (%s)",
+                timeout,
+                self._writer.failing,
+            )
+        conn = self._writer.conn
         try:
-            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except sqlite3.Error:
             pass
-        self._conn.close()
+        conn.close()
+        self._reader.close()
 
-    # -- low-level helpers --------------------------------------------------------------
+    # -- reading ---------------------------------------------------------------------------
 
     def _exec(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+        """A read on the reader connection; any failure of the database a ``StoreError``."""
         try:
-            return self._conn.execute(sql, params)
-        except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
-            if isinstance(exc, sqlite3.IntegrityError):
-                raise
-            raise self._noted(_store_error(exc)) from exc
+            return self._reader.execute(sql, params)
+        except sqlite3.DatabaseError as exc:
+            raise _store_error(exc) from exc
 
-    def _exec_many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        """``executemany``, any failure of the database a ``StoreError``."""
+    # -- writing ---------------------------------------------------------------------------
+
+    def _write(self, op: Op, *, undo: Callable[[], None] | None = None) -> Any:
+        """Run ``op`` on the writer: in the open transaction, or as a batch of its own.
+        ``undo`` puts the memory of this store back if the write fails at once."""
+        if self._open is not None:
+            self._open.ops.append(op)
+            if undo is not None:
+                self._open.undo.append(undo)
+            return None
+        return self._submit(Batch([op]), [undo] if undo is not None else [])
+
+    def _submit(self, batch: Batch, undo: list[Callable[[], None]]) -> Any:
+        """Hand ``batch`` to the writer. Outside an event loop, or when nothing is queued
+        before it, wait for its commit (up to ``SYNC_WAIT_SECONDS`` on a loop): its failure
+        is then the caller's, raised here with the batch rolled back. Otherwise it is queued
+        behind the others and its ``callbacks`` run once it has committed."""
+        loop = _running_loop()
+        if loop is not None:
+            self._loop = loop
+            batch.notify = self._notify
+            if self._tail is not None:
+                if self.write_error is not None:
+                    for step in reversed(undo):
+                        step()
+                    raise self.write_error  # the disk refuses writes: refuse more, as at once
+                batch.waiting = False
+                self._tail = batch
+                self._writer.submit(batch)
+                return None
+        self._writer.submit(batch)
+        if not batch.wait(SYNC_WAIT_SECONDS if loop is not None else None):
+            self._tail = batch
+            log.debug("state database slow: a write goes on in the background")
+            return None
+        if batch.state == FAILED:
+            for step in reversed(undo):
+                step()
+            error = batch.error
+            if isinstance(error, sqlite3.Error):
+                raise self._noted(_store_error(error)) from error
+            raise StoreError(f"state database write failed: {error}") from error
+        for callback in batch.callbacks:
+            callback()
+        return batch.result
+
+    def _notify(self, batch: Batch) -> None:
+        """(Writer thread.) A batch nobody waited for is settled: finish it on its loop."""
+        loop = self._loop
+        if loop is None:
+            return
         try:
-            self._conn.executemany(sql, rows)
-        except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
-            raise self._noted(_store_error(exc)) from exc
+            loop.call_soon_threadsafe(self._finish, batch)
+        except RuntimeError:
+            pass  # the loop has closed (the daemon is stopping): nobody is left to tell
+
+    def _finish(self, batch: Batch) -> None:
+        """(Loop.) A queued batch has committed (or was dropped as a bug): what waited for
+        it runs, in the order the batches were made."""
+        if batch is self._tail:
+            self._tail = None
+            waiters, self._durable_waiters = self._durable_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+        if batch.state == DONE:
+            for callback in batch.callbacks:
+                callback()
+
+    def _queued_write_failed(self, exc: sqlite3.Error) -> None:
+        """(Writer thread.) A queued batch failed and will be tried again."""
+        error = _store_error(exc)
+        if error.code in DISK_CODES:
+            self.write_error = error
+            loop = self._loop
+            if loop is not None:
+                try:
+                    loop.call_soon_threadsafe(self._fail_durable_waiters, error)
+                except RuntimeError:
+                    pass
+
+    def _fail_durable_waiters(self, error: StoreError) -> None:
+        """A client waiting for its change to be durable hears that the disk refuses it
+        (it is kept in memory and written once the disk takes writes again)."""
+        waiters, self._durable_waiters = self._durable_waiters, []
+        queued = StoreError(
+            f"{error.message.split(':')[0]}: the change is kept in memory and is written"
+            " once the disk takes writes again",
+            code=error.code,
+        )
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(queued)
+
+    def _queued_write_committed(self) -> None:
+        """(Writer thread.) A queued batch that had failed has committed after all."""
+        self.write_error = None
+
+    async def durable(self) -> None:
+        """Wait until every write made so far has committed (at once when none is queued).
+        Raises ``StoreError`` if the disk refuses them meanwhile."""
+        if self._tail is None:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._durable_waiters.append(waiter)
+        await waiter
+
+    @property
+    def queued(self) -> bool:
+        """Writes are queued that have not committed yet (the database is slow or locked)."""
+        return self._tail is not None
+
+    def slow_reason(self) -> str | None:
+        """Why writes wait, once one has waited ``SLOW_AFTER_SECONDS`` (for ``/health``);
+        None while the database keeps up."""
+        writer = self._writer
+        since = writer.head_since
+        if since is None:
+            return None
+        waited = time.monotonic() - since
+        if waited < SLOW_AFTER_SECONDS:
+            return None
+        locked = writer.locked_since
+        if locked is not None:
+            return f"database locked for {time.monotonic() - locked:.0f} s (by another process)"
+        failing = writer.failing
+        why = f": {failing}" if failing is not None else ""
+        return f"database slow: a write has waited {waited:.0f} s{why}"
 
     def _noted(self, error: StoreError) -> StoreError:
         if error.code in DISK_CODES:
@@ -256,6 +421,8 @@ class Store:
         read-only, and a small write commits. Clears ``write_error`` when it does."""
         if self.write_error is None:
             return True
+        if self._tail is not None:
+            return False  # the writer tries the queued writes itself; they clear it
         try:
             fs = os.statvfs(self.path.parent)
         except OSError:
@@ -267,31 +434,27 @@ class Store:
                 self.set_meta("write_probe", utcnow().isoformat())
         except StoreError:
             return False
-        self.write_error = None
-        return True
+        if self._tail is None:
+            self.write_error = None
+        return self.write_error is None
 
     def transaction(self) -> _Transaction:
         return _Transaction(self)
 
     @property
     def in_transaction(self) -> bool:
-        return self._conn.in_transaction
+        return self._open is not None
 
     def after_commit(self, callback: Callable[[], None]) -> None:
-        """Run ``callback`` once the open transaction commits (at once when none is open);
-        a rollback forgets it. This is how an event is published only once it is durable."""
-        if self._conn.in_transaction:
-            self._after_commit.append(callback)
+        """Run ``callback`` once what was written so far has committed: at the commit of the
+        open transaction, of the last queued write, or at once. A rollback forgets it. This
+        is how an event is published only once it is durable."""
+        if self._open is not None:
+            self._open.callbacks.append(callback)
+        elif self._tail is not None:
+            self._tail.callbacks.append(callback)
         else:
             callback()
-
-    def _committed(self) -> None:
-        callbacks, self._after_commit = self._after_commit, []
-        for callback in callbacks:
-            callback()
-
-    def _rolled_back(self) -> None:
-        self._after_commit.clear()
 
     # -- events --------------------------------------------------------------------------
 
@@ -299,12 +462,10 @@ class Store:
         ts = ts or utcnow()
         payload = json.dumps(data, separators=(",", ":"), default=str, allow_nan=False)
         event_id = self._next_event_id
-        self._exec(
-            "INSERT INTO events(id, type, data, ts) VALUES (?, ?, ?, ?)",
-            (event_id, type_, payload, isotime(ts)),
-        )
+        row = (event_id, type_, payload, isotime(ts))
         # Spent even if the insert is rolled back later: ids only ever go up.
         self._next_event_id = event_id + 1
+        self._write(lambda c: c.execute(_INSERT_EVENT, row))
         event = Event(id=event_id, type=type_, data=data, ts=ts)
         event._json = payload
         event._nbytes = len(payload)
@@ -324,20 +485,13 @@ class Store:
             event._json = payload
             event._nbytes = len(payload)
             events.append(event)
-        try:
-            self._conn.executemany(
-                "INSERT INTO events(id, type, data, ts) VALUES (?, ?, ?, ?)", rows
-            )
-        except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
-            if isinstance(exc, sqlite3.IntegrityError):
-                raise
-            raise self._noted(_store_error(exc)) from exc
         self._next_event_id = first + len(rows)  # spent even if rolled back, as above
+        self._write(lambda c: c.executemany(_INSERT_EVENT, rows))
         return events
 
     @property
     def last_appended_id(self) -> int:
-        """The id of the last event appended (committed or still in a transaction)."""
+        """The id of the last event appended (committed, queued or in a transaction)."""
         return self._next_event_id - 1
 
     def events_after(
@@ -367,6 +521,7 @@ class Store:
         return events
 
     def last_event_id(self) -> int:
+        """The id of the last event committed."""
         row = self._exec("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
         return int(row[0]) if row else 0
 
@@ -381,35 +536,43 @@ class Store:
         return int(row[0]) if row and row[0] is not None else self.last_event_id() + 1
 
     def prune_events(self, retain: int) -> int:
-        """Drop all but the newest ``retain`` events; returns how many were removed."""
+        """Drop all but the newest ``retain`` events; returns how many were removed (0 when
+        the delete is still queued behind slow writes)."""
         cutoff = self.last_event_id() - retain
         mark = self.positions_mark()
         if mark is not None:
             cutoff = min(cutoff, mark)  # output positions after the mark live in the log
         if cutoff <= 0:
             return 0
-        cur = self._exec("DELETE FROM events WHERE id <= ?", (cutoff,))
-        return cur.rowcount
+        removed = self._write(
+            lambda c: c.execute("DELETE FROM events WHERE id <= ?", (cutoff,)).rowcount
+        )
+        return int(removed or 0)
 
     # -- tasks and agents -------------------------------------------------------------------
 
     def save_tasks(self, tasks: Iterable[Task]) -> None:
         """Insert or replace tasks (call inside ``transaction()`` for many)."""
         rows = [(t.id, t.status.value, t.model_dump_json()) for t in tasks]
-        self._exec_many(
-            "INSERT INTO tasks(id, status, doc) VALUES (?, ?, ?)"
-            " ON CONFLICT(id) DO UPDATE SET status = excluded.status, doc = excluded.doc",
-            rows,
+        self._write(
+            lambda c: c.executemany(
+                "INSERT INTO tasks(id, status, doc) VALUES (?, ?, ?)"
+                " ON CONFLICT(id) DO UPDATE SET status = excluded.status, doc = excluded.doc",
+                rows,
+            )
         )
 
     def load_tasks(self) -> list[Task]:
         return self._load("tasks", Task)
 
     def save_agent(self, agent: Agent) -> None:
-        self._exec(
-            "INSERT INTO agents(id, task_id, status, doc) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT(id) DO UPDATE SET status = excluded.status, doc = excluded.doc",
-            (agent.id, agent.task_id, agent.status.value, agent.model_dump_json()),
+        row = (agent.id, agent.task_id, agent.status.value, agent.model_dump_json())
+        self._write(
+            lambda c: c.execute(
+                "INSERT INTO agents(id, task_id, status, doc) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT(id) DO UPDATE SET status = excluded.status, doc = excluded.doc",
+                row,
+            )
         )
 
     def save_output_positions(
@@ -420,10 +583,13 @@ class Store:
         validated or encoded. ``through``: every ``agent.output`` event up to this id is
         now reflected in its agent's row (``load_agents`` reads only the log after it).
         Saved every few seconds, not per line (``GridState.note_output``)."""
-        self._exec_many(
-            "UPDATE agents SET doc = json_set(doc, '$.output_seq', ?, '$.last_output', ?)"
-            " WHERE id = ?",
-            rows,
+        listed = list(rows)
+        self._write(
+            lambda c: c.executemany(
+                "UPDATE agents SET doc = json_set(doc, '$.output_seq', ?, '$.last_output', ?)"
+                " WHERE id = ?",
+                listed,
+            )
         )
         if through is not None:
             self.set_meta(POSITIONS_MARK, str(through))
@@ -476,10 +642,13 @@ class Store:
         return tail
 
     def save_question(self, question: Question) -> None:
-        self._exec(
-            "INSERT INTO questions(id, agent_id, status, doc) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT(id) DO UPDATE SET status = excluded.status, doc = excluded.doc",
-            (question.id, question.agent_id, question.status.value, question.model_dump_json()),
+        row = (question.id, question.agent_id, question.status.value, question.model_dump_json())
+        self._write(
+            lambda c: c.execute(
+                "INSERT INTO questions(id, agent_id, status, doc) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT(id) DO UPDATE SET status = excluded.status, doc = excluded.doc",
+                row,
+            )
         )
 
     def load_questions(self) -> list[Question]:
@@ -499,10 +668,12 @@ class Store:
 
     def quarantine_row(self, table: str, row_id: str, doc: str, reason: list[str]) -> None:
         key = f"quarantined.{table}.{row_id}.{int(time.time())}"
+        column = "key" if table == "meta" else "id"
         with self.transaction():
             self.set_meta(key, json.dumps({"doc": doc, "reason": reason}))
-            column = "key" if table == "meta" else "id"
-            self._exec(f"DELETE FROM {table} WHERE {column} = ?", (row_id,))
+            self._write(lambda c: c.execute(f"DELETE FROM {table} WHERE {column} = ?", (row_id,)))
+            if table == "meta":
+                self._forget_meta(row_id)
         problem = Problem(
             "row_unreadable",
             f"{table} row {row_id!r} cannot be loaded ({'; '.join(reason)}); kept aside in"
@@ -516,41 +687,25 @@ class Store:
 
     def check_file(self) -> Problem | None:
         """Notice the database unlinked or replaced under us and write the live copy back
-        to its path (whatever was put there is kept aside). None when all is well."""
+        to its path (whatever was put there is kept aside). None when all is well.
+
+        The copy is made on the writer thread, after every write queued before it (so it
+        holds them), and waited for: a rare repair, not a write the loop makes often."""
         what = self._watch.changed()
-        if what is None or self._conn.in_transaction:
+        if what is None or self._open is not None:
             return None
-        moved: tuple[str, ...] = ()
-        tmp = self.path.with_name(self.path.name + ".restore")
-        tmp.unlink(missing_ok=True)
-        try:
-            dest = sqlite3.connect(tmp)
-            try:
-                self._conn.backup(dest)
-            finally:
-                dest.close()
-            if what == "replaced":
-                aside = aside_name(self.path)
-                self.path.rename(aside)
-                moved = (str(aside),)
-            old = self._conn
-            try:
-                old.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            except sqlite3.Error:
-                pass
-            old.close()
-            for suffix in ("-wal", "-shm"):
-                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
-            os.replace(tmp, self.path)
-            self._conn = self._connect_and_migrate(self.path)
-        except (OSError, sqlite3.Error) as exc:
-            log.error("cannot restore %s: %s", self.path, exc)
-            return Problem(
-                f"db_{what}",
-                f"{self.path} was {what} while gridd ran, and writing it back failed ({exc});"
-                " the daemon still holds the data: do not stop it before fixing the disk",
-            )
+        batch = Batch([], raw=lambda writer: self._restore(writer, what))
+        batch.waiting = True
+        self._writer.submit(batch)
+        batch.wait(None)
+        if batch.state == FAILED or isinstance(batch.result, Problem):
+            if isinstance(batch.result, Problem):
+                return batch.result
+            return Problem(f"db_{what}", f"{self.path} was {what}; restoring it failed")
+        self._reader.close()
+        self._reader = _connect_reader(self.path)
         self._watch.rearm()
+        moved: tuple[str, ...] = batch.result
         problem = Problem(
             f"db_{what}",
             f"{self.path} was {what} while gridd ran; the live database was written back"
@@ -559,6 +714,40 @@ class Store:
         )
         log.error("%s", problem.message)
         return problem
+
+    def _restore(self, writer: Writer, what: str) -> tuple[str, ...] | Problem:
+        """(Writer thread.) Write the live database back to its path; reconnect to it."""
+        moved: tuple[str, ...] = ()
+        tmp = self.path.with_name(self.path.name + ".restore")
+        tmp.unlink(missing_ok=True)
+        try:
+            dest = sqlite3.connect(tmp)
+            try:
+                writer.conn.backup(dest)
+            finally:
+                dest.close()
+            if what == "replaced":
+                aside = aside_name(self.path)
+                self.path.rename(aside)
+                moved = (str(aside),)
+            old = writer.conn
+            try:
+                old.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error:
+                pass
+            old.close()
+            for suffix in ("-wal", "-shm"):
+                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+            os.replace(tmp, self.path)
+            writer.swap(self._connect_and_migrate(self.path))
+        except (OSError, sqlite3.Error) as exc:
+            log.error("cannot restore %s: %s", self.path, exc)
+            return Problem(
+                f"db_{what}",
+                f"{self.path} was {what} while gridd ran, and writing it back failed ({exc});"
+                " the daemon still holds the data: do not stop it before fixing the disk",
+            )
+        return moved
 
     def next_counter(self, name: str, *, past: int = 0) -> int:
         """A persistent counter (agent numbers never repeat across restarts): one more than
@@ -572,49 +761,95 @@ class Store:
     # -- key/value metadata ----------------------------------------------------------------
 
     def get_meta(self, key: str) -> str | None:
-        row = self._exec("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return str(row[0]) if row else None
+        return self._meta.get(key)
 
     def set_meta(self, key: str, value: str) -> None:
-        self._exec(
-            "INSERT INTO meta(key, value) VALUES (?, ?)"
-            " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            (key, value),
+        before = self._meta.get(key)
+        self._meta[key] = value
+
+        def undo() -> None:
+            if before is None:
+                self._meta.pop(key, None)
+            else:
+                self._meta[key] = before
+
+        self._write(
+            lambda c: c.execute(
+                "INSERT INTO meta(key, value) VALUES (?, ?)"
+                " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            ),
+            undo=undo,
         )
+
+    def _forget_meta(self, key: str) -> None:
+        before = self._meta.pop(key, None)
+        if before is not None and self._open is not None:
+            self._open.undo.append(lambda: self._meta.__setitem__(key, before))
+
+
+class _Open:
+    """A transaction being gathered: its statements, what runs at its commit, and how to
+    put the store's memory back if it fails."""
+
+    __slots__ = ("callbacks", "ops", "undo")
+
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+        self.callbacks: list[Callable[[], None]] = []
+        self.undo: list[Callable[[], None]] = []
 
 
 class _Transaction:
-    """``with store.transaction():`` groups writes atomically. Callbacks registered with
-    ``after_commit`` inside it (the event bus's fan-out) run only once it has committed."""
+    """``with store.transaction():`` groups writes atomically: they are gathered, then
+    committed as one batch when the block ends (and forgotten if it raises). Callbacks
+    registered with ``after_commit`` inside it (the event bus's fan-out) run only once it
+    has committed."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
-        self._conn = store._conn
 
     def __enter__(self) -> None:
-        try:
-            self._conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            raise self._store._noted(_store_error(exc)) from exc
+        if self._store._open is not None:
+            raise StoreError(
+                "state database error: cannot start a transaction within a transaction"
+            )
+        self._store._open = _Open()
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is None:
-            try:
-                self._conn.execute("COMMIT")
-            except sqlite3.Error as commit_error:
-                self._rollback()
-                raise self._store._noted(_store_error(commit_error)) from commit_error
-            self._store._committed()
-        else:
-            self._rollback()
+        store = self._store
+        gathered, store._open = store._open, None
+        assert gathered is not None
+        if exc_type is not None:
+            for step in reversed(gathered.undo):
+                step()
+            return
+        if not gathered.ops:
+            for callback in gathered.callbacks:
+                store.after_commit(callback)
+            return
+        batch = Batch(gathered.ops)
+        batch.callbacks = gathered.callbacks
+        store._submit(batch, gathered.undo)
 
-    def _rollback(self) -> None:
-        try:
-            if self._conn.in_transaction:
-                self._conn.execute("ROLLBACK")
-        except sqlite3.Error as exc:
-            log.error("rollback failed: %s", exc)
-        self._store._rolled_back()
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _connect_reader(path: Path) -> sqlite3.Connection:
+    """The connection reads use: never a writer, so in WAL mode nobody blocks it for long."""
+    conn = sqlite3.connect(
+        path, isolation_level=None, check_same_thread=False, timeout=READ_WAIT_SECONDS
+    )
+    conn.execute("PRAGMA query_only = 1")
+    return conn
+
+
+_INSERT_EVENT = "INSERT INTO events(id, type, data, ts) VALUES (?, ?, ?, ?)"
 
 
 #: SQLite's words for a disk it cannot write to, and the code each becomes (507).

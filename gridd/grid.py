@@ -322,6 +322,7 @@ class Grid:
             tuple(self.warnings),
             tuple(paused.items()) if paused else (),
             self.store.write_error,
+            self.store.slow_reason(),
         )
 
     def health(self) -> Health:
@@ -338,6 +339,10 @@ class Grid:
             degraded = sorted([*degraded, STORE_PART])
             core_down = True
             warnings.append(error.message)
+        slow = self.store.slow_reason()
+        if slow is not None:  # writes wait (kept in memory meanwhile); not down
+            degraded = sorted({*degraded, STORE_PART})
+            warnings.append(slow)
         # Built without validation: every field is ours and typed (a tenth of a /health).
         return Health.model_construct(
             status="degraded" if warnings or degraded else "ok",

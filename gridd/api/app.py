@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from gridd.api import resources as _resources  # noqa: F401  (registers its routes)
+from gridd.api.durable import DurableAnswers
 from gridd.api.errors import EXCEPTION_HANDLERS, SplitIdGuard
 from gridd.api.health import HealthBody
 from gridd.api.metrics_http import RequestTimer
@@ -75,6 +76,7 @@ def create_app(grid: Grid) -> Starlette:
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[
             Middleware(RequestTimer, stats=grid.metrics.requests),
+            Middleware(DurableAnswers, store=grid.store),
             Middleware(SplitIdGuard, paths=[ep.path for ep in table.endpoints]),
         ],
     )

@@ -301,6 +301,7 @@ class Spawner:
             claim_pending=claim is not None and not claim.done(),
         )
         self.ctx.state.put_agent(agent)  # the intent: found by a restart if we die now
+        await self.ctx.state.store.durable()  # (a locked database: no run before its record)
         crash_point(self.ctx.settings, "spawn.recorded")
         try:
             handle = await self.ctx.executor.spawn(

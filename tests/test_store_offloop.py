@@ -165,3 +165,42 @@ def test_a_database_locked_by_another_process_never_stalls_health_and_loses_noth
         assert {f"during-{n}" for n in range(3)} <= ids, ids
     finally:
         again.stop()
+
+
+async def test_a_write_to_a_locked_database_returns_at_once_and_is_heard_once_committed(
+    tmp_path: Path,
+) -> None:
+    """In process: a publish while another connection holds ``BEGIN EXCLUSIVE`` neither
+    blocks the loop nor fails; subscribers hear it, and ``durable()`` returns, only once
+    the lock is gone and it has committed."""
+    import asyncio
+    import sqlite3
+
+    from gridd.events import EventBus
+    from gridd.store import Store
+
+    path = tmp_path / "gridd.db"
+    store = Store.open(path)
+    bus = EventBus(store, queue_size=100)
+    heard: list[int] = []
+    bus.add_listener(lambda e: heard.append(e.id))
+    other = sqlite3.connect(path, isolation_level=None, timeout=0)
+    try:
+        other.execute("BEGIN EXCLUSIVE")
+        began = time.monotonic()
+        event = bus.publish("t.during", {"n": 1})
+        assert time.monotonic() - began < 0.5
+        assert heard == [] and store.queued
+        durable = asyncio.ensure_future(store.durable())
+        while store.slow_reason() is None:
+            await asyncio.sleep(0.05)
+        assert "database locked for" in str(store.slow_reason())
+        assert not durable.done()
+        other.execute("ROLLBACK")
+        await asyncio.wait_for(durable, 10)
+        assert heard == [event.id]
+        assert [e.id for e in store.events_after(0)] == [event.id]
+        assert store.slow_reason() is None and not store.queued
+    finally:
+        other.close()
+        store.close()

@@ -258,7 +258,10 @@ class Store:
 
     def close(self, *, timeout: float = CLOSE_TIMEOUT_SECONDS) -> None:
         """Commit every queued write (trying for at most ``timeout`` seconds), checkpoint
-        and close both connections."""
+        and close both connections. A disk that refuses writes is given a second, not
+        ``timeout``: stopping must not wait on a full disk."""
+        if self.write_error is not None:
+            timeout = min(timeout, 1.0)
         if not self._writer.close(timeout):
             log.error(
                 "STATE DATABASE: writes still queued after %.0f s could not be saved (%s)",

@@ -167,6 +167,7 @@ class Grid:
             pool=self.pool,
             scheduler=self.scheduler,
             questions=self.questions,
+            merge_gate=self.merges.gate,
             root=workspace.root,
         )
         self.commands.merge_answers = self._merge_answer

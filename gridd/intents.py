@@ -20,6 +20,7 @@ from gridd.errors import Conflict, NotFound, ValidationFailed
 from gridd.faults import crash_point
 from gridd.git import feature
 from gridd.git.conflicts import merge_asker
+from gridd.git.merge import MergeGate
 from gridd.ids import new_task_id, task_id_problem
 from gridd.lifecycle import intend_stop, move_task, task_can_move
 from gridd.model import Agent, AgentStatus, Question, SessionState, Task, TaskStatus, utcnow
@@ -53,9 +54,12 @@ class Commands:
         pool: AgentPool,
         scheduler: Scheduler,
         questions: QuestionBook,
+        merge_gate: MergeGate,
         root: Path,
     ) -> None:
         self.root = root
+        #: Held by the merge queue while it decides a merging task's fate (a merge landing).
+        self.merge_gate = merge_gate
         self._session_lock = asyncio.Lock()
         #: Delivers a human's answer to a merge question (set by the composition root).
         self.merge_answers: Callable[[Question, str], None] | None = None
@@ -197,12 +201,23 @@ class Commands:
         self.state.flush()
         return updated
 
-    def cancel_task(self, task_id: str) -> Task:
-        task = self.task(task_id)
+    async def settled_task(self, task_id: str) -> Task:
+        """The task once the merge queue is not deciding its fate: a merge that is landing
+        lands (the task is then ``done``) or is abandoned before a command looks at it."""
+        self.task(task_id)  # 404 / 422 first
+        await self.merge_gate.settled(task_id)
+        return self.task(task_id)
+
+    async def cancel_task(self, task_id: str) -> Task:
+        task = await self.settled_task(task_id)
         if task.status == TaskStatus.CANCELLED or not task_can_move(
             task.status, TaskStatus.CANCELLED
         ):
-            raise Conflict(f"task {task_id!r} is already {task.status.value}", code="task_finished")
+            raise Conflict(
+                f"task {task_id!r} is already {task.status.value}{_merged_note(task)}",
+                code="task_finished",
+                details=_status_details(task),
+            )
         updated = move_task(
             self.state, task_id, TaskStatus.CANCELLED, reason="cancelled by user", error="cancelled"
         )
@@ -238,11 +253,13 @@ class Commands:
         self.state.flush()
         return updated
 
-    def stop_task(self, task_id: str) -> Task:
-        task = self.task(task_id)
+    async def stop_task(self, task_id: str) -> Task:
+        task = await self.settled_task(task_id)
         if task.status != TaskStatus.WORKING:
             raise Conflict(
-                f"task {task_id!r} is {task.status.value}, not working", code="task_not_working"
+                f"task {task_id!r} is {task.status.value}{_merged_note(task)}, not working",
+                code="task_not_working",
+                details=_status_details(task),
             )
         updated = move_task(self.state, task_id, TaskStatus.READY, reason="stopped by user")
         agent = self.state.agent_for_task(task_id)
@@ -290,13 +307,15 @@ class Commands:
         waiting.sort(key=lambda t: (t.updated_at, t.id))
         return [self.approve_task(t.id) for t in waiting]
 
-    def reject_task(self, task_id: str, feedback: str) -> Task:
+    async def reject_task(self, task_id: str, feedback: str) -> Task:
         """Send a task in review back to its agent, in its worktree, with the feedback."""
-        task = self.task(task_id)
+        task = await self.settled_task(task_id)
         if task.status != TaskStatus.REVIEW:
             raise Conflict(
-                f"task {task_id!r} is {task.status.value}; only a task in review can be rejected",
+                f"task {task_id!r} is {task.status.value}{_merged_note(task)}; only a task"
+                " in review can be rejected",
                 code="task_not_in_review",
+                details=_status_details(task),
             )
         updated = move_task(
             self.state,
@@ -475,3 +494,17 @@ class Commands:
             "chunks": [{"seq": c.seq, "chunk": c.text} for c in chunks],
             "more": bool(chunks) and chunks[-1].seq < log_.seq,
         }
+
+
+def _status_details(task: Task) -> dict[str, Any]:
+    """What a refusal says of the task: its status, and where its work went if merged."""
+    details: dict[str, Any] = {"id": task.id, "status": task.status.value}
+    if task.status == TaskStatus.DONE and task.merge_commit:
+        details["mergeCommit"] = task.merge_commit
+    return details
+
+
+def _merged_note(task: Task) -> str:
+    if task.status == TaskStatus.DONE and task.merge_commit:
+        return f" (merged as {task.merge_commit[:12]})"
+    return ""

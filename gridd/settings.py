@@ -372,6 +372,13 @@ class MergeSettings(_Section):
     check_timeout_seconds: float = Field(
         default=600.0, gt=0, le=24 * 3600, description="The check is killed after this long"
     )
+    git_timeout_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        le=24 * 3600,
+        description="Each git call of the merge queue is stopped after this long (with what it"
+        " started: a filter or hook driver) and the merge fails with the reason",
+    )
     on_conflict: Literal["agent", "human", "fail"] = Field(
         default="agent",
         description="Default session policy for a conflicting or failing merge: agent (rerun"

@@ -8,8 +8,10 @@ keeping earlier work); removing one with uncommitted changes is refused.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,11 +50,27 @@ class GitResult:
     err: str
 
 
-async def git(cwd: Path, *args: str, check: bool = True) -> GitResult:
-    return await _run(cwd, ("git", *args), check=check)
+async def git(cwd: Path, *args: str, check: bool = True, timeout: float | None = None) -> GitResult:
+    """Run git in ``cwd``. With ``timeout``, a git still running after that many seconds
+    is stopped with its whole process group (a filter or hook driver that hangs goes with
+    it) and ``GitTimeout`` is raised."""
+    return await _run(cwd, ("git", *args), check=check, timeout=timeout)
 
 
-async def _run(cwd: Path, argv: tuple[str, ...], *, check: bool) -> GitResult:
+class GitTimeout(GitError):
+    """A git call (or what it ran: a filter driver, a hook) outlived its timeout."""
+
+    code = "git_timeout"
+    transient = False
+
+
+#: After SIGTERM (git removes its lock files), how long a timed-out group gets before SIGKILL.
+TERM_GRACE_SECONDS = 2.0
+
+
+async def _run(
+    cwd: Path, argv: tuple[str, ...], *, check: bool, timeout: float | None = None
+) -> GitResult:
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
     proc = await asyncio.create_subprocess_exec(
         *argv,
@@ -61,15 +79,23 @@ async def _run(cwd: Path, argv: tuple[str, ...], *, check: bool) -> GitResult:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=env,
+        # Its own process group, so that a timeout reaches what git started too.
+        start_new_session=timeout is not None,
     )
     try:
-        out, err = await proc.communicate()
+        if timeout is None:
+            out, err = await proc.communicate()
+        else:
+            out, err = await _communicate_within(proc, argv, timeout)
     except asyncio.CancelledError:
         # Never leave git running (and holding index.lock) behind a cancelled caller.
         # SIGTERM, not SIGKILL: git removes its lock files when terminated.
-        if proc.returncode is None:
+        if timeout is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)  # git and what it started
+        elif proc.returncode is None:
             proc.terminate()
-            await asyncio.shield(proc.wait())
+        await asyncio.shield(proc.wait())
         raise
     result = GitResult(
         proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
@@ -81,6 +107,47 @@ async def _run(cwd: Path, argv: tuple[str, ...], *, check: bool) -> GitResult:
             details={"args": list(args), "exitCode": result.code},
         )
     return result
+
+
+async def _communicate_within(
+    proc: asyncio.subprocess.Process, argv: tuple[str, ...], timeout: float
+) -> tuple[bytes, bytes]:
+    talk = asyncio.ensure_future(proc.communicate())
+    try:
+        done, _ = await asyncio.wait({talk}, timeout=timeout)
+    except asyncio.CancelledError:
+        talk.cancel()
+        raise
+    if done:
+        return talk.result()
+    await _stop_group(proc, talk)
+    args = argv[1:]
+    raise GitTimeout(
+        f"git {' '.join(args[:3])} did not finish within {timeout:g} s and was stopped"
+        " (a .gitattributes filter or a hook that hangs?)",
+        details={"args": list(args), "timeoutSeconds": timeout},
+    )
+
+
+async def _stop_group(
+    proc: asyncio.subprocess.Process, talk: asyncio.Future[tuple[bytes, bytes]]
+) -> None:
+    """SIGTERM the process group (git removes its locks), SIGKILL what is left after a
+    grace; then wait for the pipes, which close once nothing of the group holds them."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        done, _ = await asyncio.wait({talk}, timeout=TERM_GRACE_SECONDS)
+        if done:
+            break
+    if not talk.done():
+        talk.cancel()  # a grandchild left the group and holds the pipe: stop reading it
+        await asyncio.wait({talk})
+    if not talk.cancelled():
+        talk.exception()  # retrieved: nothing is left unobserved
+    await proc.wait()
 
 
 @dataclass(frozen=True)

@@ -146,7 +146,7 @@ async def patch_task(request: Request) -> Response:
     "DELETE", "/tasks/{task_id}", summary="Cancel a task (its agent is stopped)", response=Task
 )
 async def cancel_task(request: Request) -> Response:
-    return wire(grid_of(request).commands.cancel_task(_task_id(request)))
+    return wire(await grid_of(request).commands.cancel_task(_task_id(request)))
 
 
 @table.add(
@@ -166,7 +166,7 @@ async def start_task(request: Request) -> Response:
     response=Task,
 )
 async def stop_task(request: Request) -> Response:
-    return wire(grid_of(request).commands.stop_task(_task_id(request)))
+    return wire(await grid_of(request).commands.stop_task(_task_id(request)))
 
 
 @table.add(
@@ -189,7 +189,7 @@ async def approve_task(request: Request) -> Response:
 )
 async def reject_task(request: Request) -> Response:
     req = await read_body(request, Reject)
-    return wire(grid_of(request).commands.reject_task(_task_id(request), req.feedback))
+    return wire(await grid_of(request).commands.reject_task(_task_id(request), req.feedback))
 
 
 @table.add(

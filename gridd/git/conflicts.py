@@ -156,8 +156,16 @@ class ConflictPolicy:
             message,
             feature_commit,
             check=False,
+            timeout=self.settings.git_timeout_seconds,
         )
-        left = await git(path, "diff", "--name-only", "--diff-filter=U", check=False)
+        left = await git(
+            path,
+            "diff",
+            "--name-only",
+            "--diff-filter=U",
+            check=False,
+            timeout=self.settings.git_timeout_seconds,
+        )
         conflicted = sorted({f for f in left.out.splitlines() if f}) or files
         if res.code != 0 and not left.out.strip():
             log.warning("merging %s into %s's worktree failed: %s", feature, task.id, res.err)

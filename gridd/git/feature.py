@@ -73,9 +73,15 @@ async def validate_branch_name(root: Path, name: str, *, what: str = "featureBra
         )
 
 
-async def commit_of(root: Path, branch: str) -> str | None:
+async def commit_of(root: Path, branch: str, *, timeout: float | None = None) -> str | None:
     res = await git(
-        root, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}^{{commit}}", check=False
+        root,
+        "rev-parse",
+        "--verify",
+        "--quiet",
+        f"refs/heads/{branch}^{{commit}}",
+        check=False,
+        timeout=timeout,
     )
     return res.out.strip() if res.code == 0 else None
 

@@ -16,7 +16,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from gridd.worktrees import Worktrees, git
+from gridd.worktrees import GitResult, Worktrees, git
 
 #: How much of a failing check's output is kept (its tail).
 CHECK_TAIL_BYTES = 8000
@@ -45,12 +45,17 @@ def merge_message(strategy: str, task_id: str, title: str) -> str:
 
 
 class Integration:
-    def __init__(self, worktrees: Worktrees, path: Path) -> None:
+    def __init__(self, worktrees: Worktrees, path: Path, *, git_timeout: float) -> None:
         self.worktrees = worktrees
         self.root = worktrees.root
         self.path = path
+        self.git_timeout = git_timeout
         #: Untracked files may lie around (a check ran, a merge failed, or we just started).
         self._untidy = True
+
+    async def _git(self, cwd: Path, *args: str, check: bool = True) -> GitResult:
+        """git, bounded: a filter or hook that hangs fails the merge, not the queue."""
+        return await git(cwd, *args, check=check, timeout=self.git_timeout)
 
     def _git_dir(self) -> Path | None:
         """The worktree's own git directory (``.git`` is a ``gitdir:`` file)."""
@@ -64,13 +69,17 @@ class Integration:
     async def reset(self, tip: str) -> None:
         """The worktree, clean and detached at ``tip`` (created when missing)."""
         if not (self.path / ".git").exists():
-            await git(self.root, "worktree", "prune")
+            await self._git(self.root, "worktree", "prune")
             if self.path.exists() and not any(self.path.iterdir()):
                 self.path.rmdir()
-            await git(self.root, "worktree", "add", "--detach", "--", str(self.path), tip)
+            await self._git(self.root, "worktree", "add", "--detach", "--", str(self.path), tip)
             self._untidy = False
             return
         gitdir = self._git_dir()
+        if gitdir is not None:
+            # Only the queue runs git here, one call at a time: a lock left now is a stopped
+            # git's (a timeout's SIGKILL), and would refuse every later merge.
+            (gitdir / "index.lock").unlink(missing_ok=True)
         for marker, abort in (
             ("MERGE_HEAD", "merge"),
             ("rebase-merge", "rebase"),
@@ -78,32 +87,43 @@ class Integration:
             ("CHERRY_PICK_HEAD", "cherry-pick"),
         ):
             if gitdir is None or (gitdir / marker).exists():
-                await git(self.path, abort, "--abort", check=False)
+                await self._git(self.path, abort, "--abort", check=False)
         # HEAD is always detached here: a hard reset moves it to tip and cleans the index.
-        await git(self.path, "reset", "-q", "--hard", tip, "--")
+        await self._git(self.path, "reset", "-q", "--hard", tip, "--")
         if self._untidy:
-            await git(self.path, "clean", "-q", "-fdx")
+            await self._git(self.path, "clean", "-q", "-fdx")
             self._untidy = False
 
     async def head(self) -> str:
-        return (await git(self.path, "rev-parse", "--verify", "HEAD^{commit}")).out.strip()
+        return (await self._git(self.path, "rev-parse", "--verify", "HEAD^{commit}")).out.strip()
 
     async def unmerged(self) -> list[str]:
-        res = await git(self.path, "diff", "--name-only", "--diff-filter=U", check=False)
+        res = await self._git(self.path, "diff", "--name-only", "--diff-filter=U", check=False)
         return sorted({line for line in res.out.splitlines() if line})
 
     async def merge(
         self, *, tip: str, branch: str, strategy: str, task_id: str, title: str
     ) -> Merged | Conflicted:
         """Merge ``branch`` onto ``tip`` here; the worktree is left at the result (or at
-        ``tip`` after a conflict, aborted)."""
+        ``tip`` after a conflict, aborted). ``GitTimeout`` when a git call hangs."""
+        try:
+            return await self._merge(
+                tip=tip, branch=branch, strategy=strategy, task_id=task_id, title=title
+            )
+        except BaseException:
+            self._untidy = True  # stopped half-way (a timeout): the next reset cleans up
+            raise
+
+    async def _merge(
+        self, *, tip: str, branch: str, strategy: str, task_id: str, title: str
+    ) -> Merged | Conflicted:
         await self.reset(tip)
         identity = await self.worktrees.identity()
         message = merge_message(strategy, task_id, title)
         ref = f"refs/heads/{branch}"
         if strategy == "rebase":
-            await git(self.path, "checkout", "-q", "--detach", ref, "--")
-            res = await git(self.path, *identity, "rebase", "-q", tip, check=False)
+            await self._git(self.path, "checkout", "-q", "--detach", ref, "--")
+            res = await self._git(self.path, *identity, "rebase", "-q", tip, check=False)
             if res.code != 0:
                 files = await self.unmerged()
                 self._untidy = True
@@ -111,18 +131,18 @@ class Integration:
                 return Conflicted(files or ["(rebase failed)"])
             return Merged(await self.head())
         if strategy == "squash":
-            res = await git(self.path, *identity, "merge", "-q", "--squash", ref, check=False)
+            res = await self._git(self.path, *identity, "merge", "-q", "--squash", ref, check=False)
             if res.code != 0:
                 files = await self.unmerged()
                 self._untidy = True
                 await self.reset(tip)
                 return Conflicted(files or ["(merge failed)"])
-            staged = await git(self.path, "diff", "--cached", "--quiet", check=False)
+            staged = await self._git(self.path, "diff", "--cached", "--quiet", check=False)
             if staged.code == 0:
                 return Merged(tip)  # nothing new
-            await git(self.path, *identity, "commit", "-q", "--no-verify", "-m", message)
+            await self._git(self.path, *identity, "commit", "-q", "--no-verify", "-m", message)
             return Merged(await self.head())
-        res = await git(
+        res = await self._git(
             self.path,
             *identity,
             "merge",

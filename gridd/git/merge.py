@@ -5,11 +5,23 @@ persisted with the task). For each, one merge at a time per workspace:
 
 1. the integration worktree is reset to the feature branch's tip and the task's branch
    merged there (``integration.py``), then the gate check runs on the result;
-2. the would-be commit is recorded on the task (``merge_commit``), then the feature branch
-   moves by compare-and-swap, ``git update-ref refs/heads/F new old``. If the user committed
-   to F meanwhile the swap fails and the merge is done again on top: their commits are
-   never reset;
+2. the would-be commit is recorded on the task (``merge_commit``), then the merge lands
+   (``landing.py``): the feature branch moves by compare-and-swap, ``git update-ref
+   refs/heads/F new old``, while no working tree has F checked out, the user's worktrees
+   locked across the check and the update. If the user committed to F meanwhile the swap
+   fails and the merge is done again on top: their commits are never reset. While F is
+   checked out somewhere the merge waits, and lands once it is not;
 3. only then is the task ``done`` (``task.merged``).
+
+A merging task's fate is decided in one place at a time (``MergeGate``): the queue holds
+the gate from its last look at the task's status to the status it sets (landed: ``done``;
+conflict: the policy's), and cancel, stop and reject wait for it. So a cancel either wins
+before the ref moves (the queue then sees a cancelled task and abandons the merge,
+``task.merge_abandoned``) or finds the task ``done`` and says so; never both.
+
+Every git call of the queue has a timeout (``[merge] git_timeout_seconds``): a filter or
+hook that hangs is stopped with its process group, the task fails with the reason
+(``task.merge_failed``) and the queue goes on to the next one.
 
 A daemon killed anywhere in this leaves nothing half-applied: before the swap, F is
 untouched and the merge is simply redone; after it, the recorded ``merge_commit`` is
@@ -21,6 +33,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,13 +42,14 @@ from gridd.background import Background
 from gridd.errors import GriddError
 from gridd.events import EventBus
 from gridd.git.conflicts import ConflictPolicy
-from gridd.git.feature import checked_out_at, commit_of
+from gridd.git.feature import commit_of
 from gridd.git.integration import Conflicted, Integration
+from gridd.git.landing import Held, Landing, Moved
 from gridd.lifecycle import move_task
 from gridd.model import Task, TaskStatus
 from gridd.settings import MergeSettings
 from gridd.state import GridState
-from gridd.worktrees import Worktrees, git
+from gridd.worktrees import GitTimeout, Worktrees, git
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +57,8 @@ log = logging.getLogger(__name__)
 CAS_ROUNDS = 5
 #: Pause before trying a task again after a transient failure (a git lock, say).
 RETRY_SECONDS = 2.0
+#: Pause between two tries to land a merge while F is checked out (or a git runs there).
+LAND_RETRY_SECONDS = 0.1
 
 
 def queue_order(tasks: list[Task]) -> list[Task]:
@@ -53,16 +70,47 @@ def queue_order(tasks: list[Task]) -> list[Task]:
 @dataclass
 class PauseSeam:
     """A test seam: while ``path`` exists, the queue waits between the merge and the ref
-    update (and says so by creating ``path.reached``). Off unless the daemon is given it."""
+    update (and says so by creating ``path.reached``); while ``path.landing`` exists, it
+    waits inside the landing, holding the gate (``path.landing.reached``). Off unless the
+    daemon is given it."""
 
     path: Path | None = None
 
-    async def wait(self) -> None:
-        if self.path is None or not self.path.exists():
+    async def wait(self, point: str = "") -> None:
+        if self.path is None:
             return
-        self.path.with_name(self.path.name + ".reached").touch()
-        while self.path.exists():
+        path = self.path.with_name(f"{self.path.name}.{point}") if point else self.path
+        if not path.exists():
+            return
+        path.with_name(path.name + ".reached").touch()
+        while path.exists():
             await asyncio.sleep(0.05)
+
+
+class MergeGate:
+    """Who decides a merging task's fate right now: the queue, while it applies an outcome
+    (a merge landing, a conflict handed to the policy, a failure), or a command. Commands
+    that may move a merging task (cancel, stop, reject) wait until the queue is through
+    with it, then look at its status: the queue never changes a status it has not just
+    seen under the gate, so the two never both win."""
+
+    def __init__(self) -> None:
+        self._deciding: dict[str, asyncio.Event] = {}
+
+    @asynccontextmanager
+    async def deciding(self, task_id: str) -> AsyncIterator[None]:
+        done = asyncio.Event()
+        self._deciding[task_id] = done
+        try:
+            yield
+        finally:
+            del self._deciding[task_id]
+            done.set()
+
+    async def settled(self, task_id: str) -> None:
+        """Return once the queue is not deciding ``task_id``'s fate (at once, mostly)."""
+        while (busy := self._deciding.get(task_id)) is not None:
+            await busy.wait()
 
 
 class MergeQueue:
@@ -83,10 +131,15 @@ class MergeQueue:
         self.bus = bus
         self.worktrees = worktrees
         self.root = worktrees.root
-        self.integration = Integration(worktrees, integration_dir)
+        self.timeout = settings.git_timeout_seconds
+        self.integration = Integration(worktrees, integration_dir, git_timeout=self.timeout)
+        self.landing = Landing(
+            worktrees.root, own=(worktrees.dir, integration_dir), git_timeout=self.timeout
+        )
         self.policy = policy
         self.background = background
         self.pause = pause or PauseSeam()
+        self.gate = MergeGate()
         self._wake = asyncio.Event()
         self.current: str | None = None  # the task being merged
         self._retry_at: dict[str, float] = {}
@@ -119,6 +172,9 @@ class MergeQueue:
                 await self.merge_one(task)
                 self._retry_at.pop(task.id, None)
                 self._teardowns.append(task.id)
+            except GitTimeout as exc:  # a hanging filter or hook: retrying would hang again
+                self._retry_at.pop(task.id, None)
+                await self._fail(task, exc)
             except Exception as exc:  # not CancelledError: a stopping daemon resumes it later
                 message = exc.message if isinstance(exc, GriddError) else repr(exc)
                 log.warning("merging task %s: %s; trying again shortly", task.id, message)
@@ -130,18 +186,27 @@ class MergeQueue:
 
     # -- one merge ---------------------------------------------------------------------------
 
+    def _merging(self, task_id: str) -> Task | None:
+        """The task, if it is still the queue's to merge (a cancel may have taken it)."""
+        task = self.state.tasks.get(task_id)
+        return task if task is not None and task.status == TaskStatus.MERGING else None
+
     async def merge_one(self, task: Task) -> None:
         feature = self.state.session.feature_branch
         if feature is None or task.branch is None:
-            self._done(task, commit=None, feature=feature)  # nothing to merge into, or from
+            async with self.gate.deciding(task.id):
+                if self._merging(task.id):  # nothing to merge into, or from
+                    self._done(task, commit=None, feature=feature)
             return
         ref = f"refs/heads/{feature}"
         if task.merge_commit and await self._reachable(task.merge_commit, ref):
             # A daemon died after moving F and before recording it: only the record is missing.
-            self._done(task, commit=task.merge_commit, feature=feature)
+            async with self.gate.deciding(task.id):
+                if self._merging(task.id):
+                    self._done(task, commit=task.merge_commit, feature=feature)
             return
         for _ in range(CAS_ROUNDS):
-            tip = await commit_of(self.root, feature)
+            tip = await commit_of(self.root, feature, timeout=self.timeout)
             if tip is None:
                 raise GriddError(f"feature branch {feature!r} is gone", code="feature_missing")
             result = await self.integration.merge(
@@ -152,14 +217,22 @@ class MergeQueue:
                 title=task.title,
             )
             if isinstance(result, Conflicted):
-                await self.policy.conflict(task, files=result.files, feature_commit=tip)
+                async with self.gate.deciding(task.id):
+                    if self._abandoned(task.id, feature):
+                        return
+                    await self.policy.conflict(task, files=result.files, feature_commit=tip)
                 return
             if self.settings.check:
                 check = await self.integration.check(
                     self.settings.check, self.settings.check_timeout_seconds
                 )
                 if not check.ok:
-                    await self.policy.check_failed(task, output=check.output, feature_commit=tip)
+                    async with self.gate.deciding(task.id):
+                        if self._abandoned(task.id, feature):
+                            return
+                        await self.policy.check_failed(
+                            task, output=check.output, feature_commit=tip
+                        )
                     return
             new = result.commit
             # merge and squash commit on top of tip; a rebase could end elsewhere (an
@@ -170,17 +243,11 @@ class MergeQueue:
                     f"the merge of {task.id} does not contain the feature branch's tip",
                     code="merge_not_descendant",
                 )
+            if self._abandoned(task.id, feature):
+                return
             task = self.state.update_task(task.id, merge_commit=new)  # recorded progress
             await self.pause.wait()
-            holder = await checked_out_at(self.root, feature)
-            if holder is not None:
-                raise GriddError(
-                    f"{feature!r} is checked out in {holder}; the merge waits until it is not",
-                    code="branch_checked_out",
-                )
-            swap = await git(self.root, "update-ref", ref, new, tip, check=False)
-            if swap.code == 0:
-                self._done(task, commit=new, feature=feature)
+            if not await self._land(task, feature=feature, tip=tip, new=new):
                 return
             log.info("%s moved during the merge of %s; merging again", feature, task.id)
         raise GriddError(
@@ -188,8 +255,66 @@ class MergeQueue:
             code="feature_moving",
         )
 
+    async def _land(self, task: Task, *, feature: str, tip: str, new: str) -> bool:
+        """Move F from ``tip`` to ``new`` and mark the task done, waiting while F is checked
+        out. False: finished here (landed, or abandoned); True: F moved, merge again."""
+        waiting_for: tuple[str, str] | None = None
+        while True:
+            async with self.gate.deciding(task.id):
+                current = self._merging(task.id)
+                if current is None or current.merge_commit != new:
+                    self._abandoned(task.id, feature)
+                    return False
+                if self.state.session.feature_branch != feature:
+                    return False  # the session moved on: merged again into its new branch
+                await self.pause.wait("landing")
+                outcome = await self.landing.land(feature, new=new, old=tip)
+                if isinstance(outcome, Moved):
+                    return True
+                if not isinstance(outcome, Held):
+                    self._done(current, commit=new, feature=feature)
+                    return False
+            if waiting_for != (outcome.worktree, outcome.reason):
+                waiting_for = (outcome.worktree, outcome.reason)
+                log.info("the merge of %s waits: %s", task.id, outcome.message)
+                self.bus.publish(
+                    "task.merge_waiting",
+                    {
+                        "taskId": task.id,
+                        "featureBranch": feature,
+                        "worktree": outcome.worktree,
+                        "reason": outcome.reason,
+                    },
+                )
+            await asyncio.sleep(LAND_RETRY_SECONDS)
+            while not await self.landing.looks_clear(feature):
+                if self._merging(task.id) is None or self.state.session.feature_branch != feature:
+                    break  # the next round says why (under the gate)
+                await asyncio.sleep(LAND_RETRY_SECONDS)
+
+    def _abandoned(self, task_id: str, feature: str) -> bool:
+        """True (and said once) when the task is no longer the queue's: cancelled, say."""
+        task = self.state.tasks.get(task_id)
+        if task is not None and task.status == TaskStatus.MERGING:
+            return False
+        status = task.status.value if task is not None else "gone"
+        log.info("the merge of %s is abandoned: the task is %s", task_id, status)
+        self.bus.publish(
+            "task.merge_abandoned",
+            {"taskId": task_id, "featureBranch": feature, "status": status},
+        )
+        return True
+
     async def _reachable(self, commit: str, ref: str) -> bool:
-        res = await git(self.root, "merge-base", "--is-ancestor", commit, ref, check=False)
+        res = await git(
+            self.root,
+            "merge-base",
+            "--is-ancestor",
+            commit,
+            ref,
+            check=False,
+            timeout=self.timeout,
+        )
         return res.code == 0
 
     def _done(self, task: Task, *, commit: str | None, feature: str | None) -> None:
@@ -208,6 +333,30 @@ class MergeQueue:
             "task.merged", {"taskId": task.id, "commit": commit, "featureBranch": feature}
         )
         self.state.flush()
+
+    async def _fail(self, task: Task, exc: GitTimeout) -> None:
+        """A merge stopped by its timeout: the task fails with the reason, F untouched."""
+        log.warning("merging task %s: %s", task.id, exc.message)
+        async with self.gate.deciding(task.id):
+            if self._merging(task.id) is None:
+                return
+            move_task(
+                self.state,
+                task.id,
+                TaskStatus.FAILED,
+                reason="the merge timed out",
+                error=exc.message,
+                merge_commit=None,
+            )
+            self.bus.publish(
+                "task.merge_failed",
+                {
+                    "taskId": task.id,
+                    "featureBranch": self.state.session.feature_branch,
+                    "code": exc.code,
+                    "error": exc.message[:2000],
+                },
+            )
 
     async def _teardown(self, task_id: str) -> None:
         task = self.state.tasks.get(task_id)

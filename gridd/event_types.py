@@ -102,16 +102,10 @@ def unknown(names: Iterable[str], known: frozenset[str] = ALL) -> list[str]:
     return sorted({name for name in names if name not in known})
 
 
-def closest(name: str, known: Iterable[str]) -> str | None:
-    """The known name ``name`` was most likely meant to be, if any is close."""
-    import difflib  # only on a mistake
-
-    matches = difflib.get_close_matches(name, sorted(known), n=1)
-    return matches[0] if matches else None
-
-
 def unknown_message(names: list[str], known: frozenset[str], *, what: str = "event type") -> str:
     """``unknown event type 'x'; did you mean 'y'?``, naming every one of ``names``."""
+    from gridd.spelling import closest  # only on a mistake
+
     guesses = {name: closest(name, known) for name in names}
     if len(names) == 1:
         name, guess = names[0], guesses[names[0]]

@@ -29,7 +29,9 @@ class GraphProblem:
 def graph_problems(
     new: Sequence[tuple[str, Sequence[str]]], existing: Mapping[str, Sequence[str]] | None = None
 ) -> list[GraphProblem]:
-    """Check a batch of ``(id, depends_on)`` against itself and the existing graph."""
+    """Check a batch of ``(id, depends_on)`` against itself and the existing graph: every
+    problem, a cycle among the others (a self-dependency is reported as that, not also as
+    a cycle; an unknown dependency is no edge)."""
     existing = existing or {}
     problems: list[GraphProblem] = []
     seen: set[str] = set()
@@ -54,11 +56,11 @@ def graph_problems(
                         (task_id, dep),
                     )
                 )
-    if not problems:
-        cycle = find_cycle(graph)
-        if cycle:
-            path = " -> ".join([*cycle, cycle[0]])
-            problems.append(GraphProblem("cycle", f"dependency cycle: {path}", tuple(cycle)))
+    without_self = {task_id: [dep for dep in deps if dep != task_id] for task_id, deps in new}
+    cycle = find_cycle({**graph, **without_self})
+    if cycle:
+        path = " -> ".join([*cycle, cycle[0]])
+        problems.append(GraphProblem("cycle", f"dependency cycle: {path}", tuple(cycle)))
     return problems
 
 

@@ -6,7 +6,6 @@ snake_case; unknown keys are rejected so a typo never silently does nothing.
 
 from __future__ import annotations
 
-import difflib
 import sys
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -16,6 +15,7 @@ from pydantic_core import PydanticCustomError
 
 from gridd import event_types
 from gridd.errors import ConfigError
+from gridd.spelling import did_you_mean
 
 
 class _Section(BaseModel):
@@ -449,9 +449,8 @@ def _unknown_key(loc: tuple[Any, ...]) -> str:
     if not (isinstance(where, type) and issubclass(where, BaseModel)):
         return "unknown key"
     known = list(where.model_fields)
-    close = difflib.get_close_matches(str(loc[-1]), known, n=1)
-    if close:
-        return f"unknown key; did you mean '{close[0]}'?"
+    if hint := did_you_mean(str(loc[-1]), known):
+        return f"unknown key{hint}"
     return f"unknown key (known: {', '.join(known)})"
 
 

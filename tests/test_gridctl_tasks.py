@@ -252,12 +252,14 @@ def test_plan_apply_lists_every_problem(ws: Path) -> None:
     )
     result = gridctl(ws, "plan", "apply", "plan.yaml")
     assert result.returncode == 1
-    assert "  - duplicate task id 'taken'" in result.stderr
-    assert "  - task 'lost' depends on unknown task 'nowhere'" in result.stderr
+    assert "  - line 2, tasks[0].id: duplicate task id 'taken'" in result.stderr
+    assert (
+        "  - line 3, tasks[1].after: task 'lost' depends on unknown task 'nowhere'" in result.stderr
+    )
     assert [t["id"] for t in tasks_json(ws)] == ["taken"]
 
 
-def test_plan_apply_of_bad_yaml_exits_1_with_the_line_and_never_starts_gridd(ws: Path) -> None:
+def test_plan_apply_of_bad_yaml_exits_1_with_the_line_and_does_not_start_gridd(ws: Path) -> None:
     (ws / "bad.yaml").write_text("tasks:\n  - id: a\n    title: [unclosed\n  - id: b\n")
     result = gridctl(ws, "plan", "apply", "bad.yaml")
     assert result.returncode == 1
@@ -267,14 +269,14 @@ def test_plan_apply_of_bad_yaml_exits_1_with_the_line_and_never_starts_gridd(ws:
     shape = gridctl(ws, "plan", "apply", "shape.yaml")
     assert shape.returncode == 1
     assert "a mapping with a 'tasks:' list" in shape.stderr
+    assert not daemons_serving(ws)
     invalid = ws / "invalid.yaml"
     invalid.write_text("- {id: ok, title: fine}\n- {id: Bad!, title: x, priority: 9}\n")
     problems = gridctl(ws, "plan", "apply", str(invalid))
     assert problems.returncode == 1
     assert "2 problems" in problems.stderr
-    assert "  - task #2 (Bad!): id: Value error, invalid task id 'Bad!'" in problems.stderr
-    assert "  - task #2 (Bad!): priority: " in problems.stderr
-    assert not daemons_serving(ws)
+    assert "  - line 2, [1].id: invalid task id 'Bad!'" in problems.stderr
+    assert "  - line 2, [1].priority: " in problems.stderr
 
 
 def test_plan_show_of_a_file_works_offline(ws: Path) -> None:
@@ -550,7 +552,7 @@ def test_read_plan_reports_yaml_errors_with_line_and_column(tmp_path: Path) -> N
     assert f"{bad}: not valid YAML: line 3, column 1: " in info.value.message
     dated = tmp_path / "d.yaml"
     dated.write_text("- {id: d, title: 2024-01-02, deps: x}\n")
-    assert plan_cmd.read_plan(str(dated))[1] == {
+    assert plan_cmd.read_plan(str(dated)).data == {
         "tasks": [{"id": "d", "title": "2024-01-02", "dependsOn": ["x"]}]
     }
     with pytest.raises(GriddError, match="cannot read"):

@@ -147,6 +147,15 @@ def test_graph_problems_names_unknown_dependencies_duplicates_and_self_dependenc
     assert "'c'" in kinds["duplicate"].message
 
 
+def test_graph_problems_reports_a_cycle_alongside_the_other_problems() -> None:
+    problems = graph_problems([("a", ["b", "ghost"]), ("b", ["a"]), ("c", ["c"])])
+    assert [(p.kind, p.ids) for p in problems] == [
+        ("unknown_dependency", ("a", "ghost")),
+        ("self_dependency", ("c",)),  # not also a cycle of one
+        ("cycle", ("a", "b")),
+    ]
+
+
 def test_graph_problems_flags_an_id_that_already_exists() -> None:
     problems = graph_problems([("old", [])], {"old": []})
     assert [(p.kind, p.ids) for p in problems] == [("duplicate", ("old",))]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -22,6 +22,7 @@ from gridd.cli import daemonctl
 from gridd.client import GridClient
 from gridd.errors import DaemonUnreachable, NotFound
 from gridd.ids import validate_task_id
+from gridd.spelling import closest
 from gridd.workspace import Workspace, find_workspace
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
@@ -67,6 +68,39 @@ class Context:
     def abandon(self) -> None:
         """Forget the client without closing it (after Ctrl-C its pool may be mid-request)."""
         self._client = None
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` that answers an unknown option where it was given: the usage
+    of the (sub)command it was given to and the closest option that command has
+    (``unknown option --priorty; did you mean --priority?``), not the top-level usage and
+    "unrecognized arguments". Subparsers are made of the same class (argparse's default)."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        # A subcommand's parser has already answered what it was given, so what is left
+        # here was given to this parser.
+        if extras:
+            self.error(self._unknown(extras))
+        return parsed, extras
+
+    def _unknown(self, extras: list[str]) -> str:
+        known = [opt for action in self._actions for opt in action.option_strings]
+        options = [arg for arg in extras if arg.startswith("-") and arg != "-"]
+        if not options:
+            return f"unrecognized arguments: {' '.join(extras)}"
+        names = [option.split("=", 1)[0] for option in options]
+        hints = {name: closest(name, known) for name in names}
+        if len(names) == 1:
+            name, hint = names[0], hints[names[0]]
+            text = f"unknown option {name}" + (f"; did you mean {hint}?" if hint else "")
+        else:
+            text = "unknown options " + ", ".join(
+                name + (f" (did you mean {hints[name]}?)" if hints[name] else "") for name in names
+            )
+        return text if any(hints.values()) else f"{text} (see {self.prog} --help)"
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from gridd.cli.context import (
     EXIT_USAGE,
     Command,
     Context,
+    Parser,
     add_commands,
     add_global_options,
 )
@@ -173,7 +174,7 @@ COMMANDS: dict[str, Command] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="gridctl",
         description="Control the gridd daemon of a git workspace. Commands that need the daemon"
         " start it when it is not running (unless --no-start).",

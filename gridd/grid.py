@@ -95,7 +95,10 @@ class Grid:
         self.questions = QuestionBook(store=store, state=self.state, bus=self.bus)
         #: Starts, signals and reattaches agents: the local shim executor (agents/executor.py).
         self.executor: Executor = executor or LocalExecutor(
-            workspace.runs_dir, spawn_timeout=settings.scheduler.spawn_timeout_seconds
+            workspace.runs_dir,
+            spawn_timeout=settings.scheduler.spawn_timeout_seconds,
+            grid_dir=workspace.grid_dir,
+            orphan_grace=settings.scheduler.orphan_grace_seconds,
         )
         self.pool = AgentPool(
             workspace=workspace,
@@ -259,6 +262,29 @@ class Grid:
             except GriddError as exc:
                 log.error("stopping without a daemon.stopping event: %s", exc.message)
             self.bus.close()
+
+    def shutdown_stopping_agents(self) -> int:
+        """``POST /shutdown?agents=1``: stop every live agent as a session stop does
+        (SIGTERM, SIGKILL after ``stop_grace_seconds``; what each did is committed, its
+        task goes back to ``ready``), then shut down once all are gone. How many it stops."""
+        live = len(self.state.live_agents())
+        if live:
+            self.scheduler.stop_session("shutdown")
+        self.background.spawn("shutdown-after-agents", self._shutdown_when_stopped())
+        return live
+
+    async def _shutdown_when_stopped(self) -> None:
+        deadline = time.monotonic() + self.shutdown_wait_seconds()
+        while self.state.live_agents() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        if self.state.live_agents():
+            log.warning("shutting down with agents still stopping; they end by themselves")
+        self.request_shutdown()
+
+    def shutdown_wait_seconds(self) -> float:
+        """How long ``shutdown_stopping_agents`` may wait for its agents: their SIGTERM
+        grace, then SIGKILL and their finish."""
+        return self.settings.scheduler.stop_grace_seconds + 10.0
 
     def request_shutdown(self) -> None:
         self.scheduler.close()  # nothing new starts while the daemon winds down

@@ -130,6 +130,12 @@ class SchedulerSettings(_Section):
         description="An agent not started by then: its run is fenced (never starts) and the"
         " attempt fails; unless its shim already took the run, then it is waited for",
     )
+    orphan_grace_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="A shim whose workspace's .grid/ is deleted or replaced stops its agent"
+        " this long after, and exits",
+    )
     launch_grace_seconds: float | None = Field(
         default=120.0, gt=0, description="No output or heartbeat by then: launch_failed"
     )

@@ -20,10 +20,21 @@ from gridd.model import Agent
 
 
 class LocalExecutor:
-    def __init__(self, runs_dir: Path, *, spawn_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        runs_dir: Path,
+        *,
+        spawn_timeout: float = 10.0,
+        grid_dir: Path | None = None,
+        orphan_grace: float = 60.0,
+    ) -> None:
         self.shims = ShimStarter(runs_dir / "spare-shim.log")
         #: A spawn whose agent has not started by then is fenced (``AgentProcess.spawn``).
         self.spawn_timeout = spawn_timeout
+        #: The workspace's ``.grid/``: a shim whose ``.grid/`` is deleted or replaced stops
+        #: its agent ``orphan_grace`` seconds later and exits (``shim.WorkspaceWatch``).
+        self.grid_dir = grid_dir
+        self.orphan_grace = orphan_grace
 
     def start(self) -> None:
         self.shims.start()
@@ -40,6 +51,8 @@ class LocalExecutor:
             stdin=launch.stdin,
             timeout=self.spawn_timeout,
             starter=self.shims,
+            grid_dir=self.grid_dir,
+            orphan_grace=self.orphan_grace,
         )
 
     def reattach(self, agent: Agent) -> AgentHandle:

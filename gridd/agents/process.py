@@ -190,12 +190,18 @@ class AgentProcess:
         stdin: str = "pipe",
         timeout: float = 10.0,
         starter: ShimStarter | None = None,
+        grid_dir: Path | None = None,
+        orphan_grace: float = 60.0,
     ) -> AgentProcess:
         """Hand the run to a shim (a spare one already started, when ``starter`` has it)
         and wait until the agent runs. ``run_dir`` is a new one (the pool makes it empty);
-        one that already holds a run's spec is refused (``FileExistsError``), not reused."""
+        one that already holds a run's spec is refused (``FileExistsError``), not reused.
+        ``grid_dir``: the workspace's ``.grid/``; should it be deleted or replaced, the shim
+        stops the agent ``orphan_grace`` seconds later (``shim.WorkspaceWatch``)."""
         run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        spec = {"argv": argv, "cwd": str(cwd), "env": env, "stdin": stdin}
+        spec: dict[str, object] = {"argv": argv, "cwd": str(cwd), "env": env, "stdin": stdin}
+        if grid_dir is not None:
+            spec |= {"grid": str(grid_dir), "orphan_grace": orphan_grace}
         # 0600: the spec holds the agent's whole environment, API keys included. The shim
         # reads the marshal form (no json import at its start-up); spec.json is for people,
         # with the environment's names only.

@@ -16,7 +16,9 @@ it receives itself. On Linux the shim is the agent's child subreaper
 ``setsid()`` or ``setpgid()`` or the death of its parent, and when the agent ends (it exits,
 or is stopped, killed or timed out) the shim ends every process still below it (SIGTERM
 with SIGCONT, SIGKILL a second later) before it writes ``exit.json``. That needs no daemon:
-it holds while the daemon is away or restarting.
+it holds while the daemon is away or restarting. A run whose workspace's ``.grid/`` is
+deleted or replaced (the spec names it; its device and inode are noted at the start) can
+never be reattached: ``WorkspaceWatch`` stops its agent after the spec's ``orphan_grace``.
 
 It starts on every spawn, so it imports only modules built into the interpreter
 (``marshal``, ``_signal``, no ``json`` or ``subprocess``; ``ctypes``, for ``prctl``, is
@@ -88,6 +90,8 @@ def _grow_pipe(fd: int) -> None:
 PR_SET_CHILD_SUBREAPER = 36
 #: What the agent leaves running gets SIGTERM, then SIGKILL after this long.
 LEFTOVER_GRACE_SECONDS = 1.0
+#: A run whose workspace is gone: SIGTERM, then SIGKILL after this long.
+ORPHAN_KILL_SECONDS = 5.0
 #: SIGKILL given, how long we keep looking for what is still there (a process in
 #: uninterruptible sleep dies only when its I/O returns): then the shim writes its exit.
 KILL_WAIT_SECONDS = 5.0
@@ -315,6 +319,72 @@ _ready: list[int] = []  # our end of the daemon's "it is running" pipe, until re
 _holder: list[int] = []  # our writer on the agent's stdin FIFO, until the daemon closes it
 
 
+class WorkspaceWatch:
+    """Ends a run whose workspace is gone: its ``.grid/`` deleted, or replaced by another
+    (a different device or inode than at the start). No daemon can ever reattach such a
+    run, so, ``grace`` seconds after it went (and unless it came back), the agent's group
+    gets SIGTERM with SIGCONT, and SIGKILL ``ORPHAN_KILL_SECONDS`` later; the shim then
+    ends what is left as for any run, and exits. Looked at on SIGALRM (an interval timer:
+    no thread, and the shim's wait for the agent goes on between looks)."""
+
+    def __init__(self, grid: str, grace: float) -> None:
+        st = os.stat(grid)
+        self.grid = grid
+        self.identity = (st.st_dev, st.st_ino)
+        self.grace = grace
+        self.agent = 0
+        self.gone_since: float | None = None
+        self.termed_at: float | None = None
+
+    def start(self, agent: int) -> None:
+        self.agent = agent
+        every = min(5.0, max(0.1, self.grace / 4))
+        _signal.signal(_signal.SIGALRM, self._look)
+        _signal.setitimer(_signal.ITIMER_REAL, every, every)
+
+    def stop(self) -> None:
+        _signal.setitimer(_signal.ITIMER_REAL, 0, 0)
+
+    def present(self) -> bool:
+        try:
+            st = os.stat(self.grid)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self.identity
+
+    def _look(self, _signum: int, _frame: object) -> None:
+        now = time.monotonic()
+        if self.termed_at is not None:
+            if now - self.termed_at >= ORPHAN_KILL_SECONDS:
+                self._signal(_signal.SIGKILL)
+            return
+        if self.present():
+            self.gone_since = None
+            return
+        if self.gone_since is None:
+            self.gone_since = now
+            _say(f"{self.grid} is gone or replaced; stopping the agent in {self.grace:g}s")
+        if now - self.gone_since >= self.grace:
+            _say(f"{self.grid} is still gone: stopping the agent (no daemon can reattach it)")
+            self.termed_at = now
+            self._signal(_signal.SIGTERM)
+            self._signal(_signal.SIGCONT)
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.agent, sig)
+        except OSError:
+            pass
+
+
+def _say(line: str) -> None:
+    """A line in the run's ``shim.log`` (our stderr)."""
+    try:
+        os.write(2, f"gridd shim {os.getpid()}: {line}\n".encode())
+    except OSError:
+        pass
+
+
 def _close_stdin(_signum: int, _frame: object) -> None:
     """SIGUSR1: let go of our writer on the agent's stdin, so the agent reads EOF once the
     daemon's pending writes are read (the end of a stream-json conversation)."""
@@ -367,7 +437,7 @@ def _run(run_dir: str) -> int:
                 why = fh.read(500).decode(errors="replace").strip()
         except OSError:
             why = "claim taken"
-        os.write(2, f"gridd shim {os.getpid()}: not starting the agent: {why}\n".encode())
+        _say(f"not starting the agent: {why}")
         return 0
     with open(os.path.join(run_dir, "spec.marshal"), "rb") as fh:
         spec = marshal.load(fh)
@@ -388,6 +458,12 @@ def _run(run_dir: str) -> int:
         _signal.signal(_signal.SIGUSR1, _close_stdin)
     else:
         stdin = os.open(os.devnull, os.O_RDONLY)
+    watch = None
+    if spec.get("grid"):
+        try:
+            watch = WorkspaceWatch(str(spec["grid"]), float(spec.get("orphan_grace", 60.0)))
+        except OSError:
+            pass  # already gone: the daemon that wrote the spec is too; nothing to compare
     _become_subreaper()
     try:
         pid = _spawn(spec, stdin, out)
@@ -416,18 +492,27 @@ def _run(run_dir: str) -> int:
 
     for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
         _signal.signal(sig, forward)
+    if watch is not None:
+        watch.start(pid)
     status = _wait_for(pid)
+    if watch is not None:
+        watch.stop()
     code = os.waitstatus_to_exitcode(status)
     end_leftovers(pid)  # before exit.json: nothing of the run writes after it says it ended
-    _write_json(
-        os.path.join(run_dir, "exit.json"),
-        {
-            "exitCode": code if code >= 0 else None,
-            "signal": -code if code < 0 else None,
-            "endedAt": time.time(),
-        },
-        durable=True,
-    )
+    try:
+        _write_json(
+            os.path.join(run_dir, "exit.json"),
+            {
+                "exitCode": code if code >= 0 else None,
+                "signal": -code if code < 0 else None,
+                "endedAt": time.time(),
+            },
+            durable=True,
+        )
+    except OSError:
+        if watch is None or watch.present():
+            raise
+        # The run directory went with the workspace: no one is left to read it.
     return 0
 
 

@@ -12,7 +12,7 @@ from starlette.types import Receive, Scope, Send
 
 from gridd.api import resources as _resources  # noqa: F401  (registers its routes)
 from gridd.api.durable import DurableAnswers
-from gridd.api.errors import EXCEPTION_HANDLERS, SplitIdGuard
+from gridd.api.errors import EXCEPTION_HANDLERS, SplitIdGuard, query_flag
 from gridd.api.health import HealthBody
 from gridd.api.metrics_http import RequestTimer
 from gridd.api.spec import grid_of, table, wire
@@ -31,9 +31,23 @@ async def state(request: Request) -> Response:
     return Response(grid_of(request).state_json(), media_type="application/json")
 
 
-@table.add("POST", "/shutdown", summary="Graceful daemon shutdown", status=202)
+@table.add(
+    "POST",
+    "/shutdown",
+    summary="Graceful daemon shutdown (?agents=1 stops the running agents first)",
+    status=202,
+    query={"agents": "1: stop every running agent first (as a session stop), then exit"},
+)
 async def shutdown(request: Request) -> Response:
     grid = grid_of(request)
+    if query_flag(request, "agents"):
+        stopping = grid.shutdown_stopping_agents()
+        body = {
+            "status": "shutting_down",
+            "agentsStopping": stopping,
+            "waitSeconds": grid.shutdown_wait_seconds() if stopping else 0,
+        }
+        return JSONResponse(body, status_code=202)
     # Answer first, then stop: the caller deserves to hear that we heard it.
     asyncio.get_running_loop().call_later(0.05, grid.request_shutdown)
     return JSONResponse({"status": "shutting_down"}, status_code=202)

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
@@ -42,6 +42,8 @@ class DaemonStatus:
     version: str
     uptime: float
     problems: tuple[str, ...] = ()
+    #: ``stop(agents=True)``: how many running agents the daemon stopped before it exited.
+    agents_stopped: int = 0
 
 
 def out_path(ws: Workspace) -> Path:
@@ -193,11 +195,15 @@ def start(ws: Workspace) -> tuple[DaemonStatus, bool]:
     )
 
 
-def stop(ws: Workspace) -> DaemonStatus | None:
+def stop(ws: Workspace, *, agents: bool = False) -> DaemonStatus | None:
     """Ask gridd to shut down and wait until it is gone. Returns what was stopped, or None.
+    ``agents``: it stops its running agents first (``POST /shutdown?agents=1``); the
+    status then says how many. Without, they keep running (their shims outlive the daemon)
+    and the next daemon reattaches them.
 
-    Raises GriddError when it is still there after STOP_TIMEOUT, or when the pid file
-    names a live process that does not answer on the socket (we will not guess and kill).
+    Raises GriddError when it is still there after STOP_TIMEOUT (and, with ``agents``, the
+    time the daemon says it may take to stop them), or when the pid file names a live
+    process that does not answer on the socket (we will not guess and kill).
     """
     status = probe(ws)
     if status is None:
@@ -211,18 +217,22 @@ def stop(ws: Workspace) -> DaemonStatus | None:
             )
         return None
     created = _create_time(status.pid)
+    waiting = STOP_TIMEOUT
     try:
         with GridClient(ws.socket_path, timeout=5.0) as client:
-            client.post("/shutdown")
+            answer = client.post("/shutdown", params={"agents": "1"} if agents else None)
     except DaemonUnreachable:
-        pass  # it went away between the probe and the request: fine, we wait below
-    deadline = time.monotonic() + STOP_TIMEOUT
+        answer = None  # it went away between the probe and the request: fine, we wait below
+    if agents and isinstance(answer, dict):
+        status = replace(status, agents_stopped=int(answer.get("agentsStopping") or 0))
+        waiting += float(answer.get("waitSeconds") or 0)
+    deadline = time.monotonic() + waiting
     while time.monotonic() < deadline:
         if not _same_process_alive(status.pid, created) and probe(ws, timeout=1.0) is None:
             return status
         time.sleep(POLL_INTERVAL)
     raise GriddError(
-        f"gridd (pid {status.pid}) did not stop within {STOP_TIMEOUT:g} s; see {ws.log_path}",
+        f"gridd (pid {status.pid}) did not stop within {waiting:g} s; see {ws.log_path}",
         code="daemon_stop_timeout",
         details={"pid": status.pid},
     )
@@ -249,7 +259,8 @@ def _looks_like_gridd(pid: int) -> bool:
 #: The actions of ``gridctl daemon``, with their help text.
 ACTIONS = {
     "start": "start gridd in the background if it is not running",
-    "stop": "ask gridd to shut down and wait until it has",
+    "stop": "ask gridd to shut down and wait until it has (agents keep running and are"
+    " reattached by the next start; --agents stops them too)",
     "restart": "stop gridd (if running), then start it",
     "status": "say whether gridd is running (exit 3 if not), with its pid and version",
     "upgrade": "hand over to the installed gridd: check it can read the state (gridd"
@@ -267,12 +278,15 @@ def _print_start(ws: Workspace) -> None:
     _print_problems(status)
 
 
-def _print_stop(ws: Workspace) -> None:
-    stopped = stop(ws)
+def _print_stop(ws: Workspace, *, agents: bool = False) -> None:
+    stopped = stop(ws, agents=agents)
     if stopped is None:
         print(f"gridd is not running for {ws.root}")
-    else:
-        print(f"gridd stopped for {ws.root} (was pid {stopped.pid})")
+        return
+    print(f"gridd stopped for {ws.root} (was pid {stopped.pid})")
+    if agents:
+        n = stopped.agents_stopped
+        print(f"  stopped {n} running agent{'' if n == 1 else 's'}; their tasks are ready again")
 
 
 def run_gridd_check(
@@ -314,12 +328,13 @@ def check_config(ws: Workspace, *, doing: str) -> None:
         )
 
 
-def run_action(ws: Workspace, action: str) -> int:
-    """Run one of ACTIONS, printing what happened. Exit status 3: ``status`` found nothing."""
+def run_action(ws: Workspace, action: str, *, agents: bool = False) -> int:
+    """Run one of ACTIONS, printing what happened. Exit status 3: ``status`` found nothing.
+    ``agents`` (``stop --agents``): the running agents are stopped too."""
     if action == "restart":
         check_config(ws, doing="restart")
     if action in ("stop", "restart"):
-        _print_stop(ws)
+        _print_stop(ws, agents=agents)
     if action in ("start", "restart"):
         _print_start(ws)
     if action == "upgrade":

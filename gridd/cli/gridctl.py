@@ -118,11 +118,20 @@ def run_conflicts(ctx: Context) -> int:
 def build_daemon(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="daemon_action", metavar="ACTION", required=True)
     for name, help_text in daemonctl.ACTIONS.items():
-        add_global_options(actions.add_parser(name, help=help_text, description=help_text))
+        action = actions.add_parser(name, help=help_text, description=help_text)
+        add_global_options(action)
+        if name == "stop":
+            action.add_argument(
+                "--agents",
+                action="store_true",
+                help="stop the running agents too (they commit their work; tasks go back to"
+                " ready), and say how many",
+            )
 
 
 def run_daemon(ctx: Context) -> int:
-    return daemonctl.run_action(ctx.workspace, ctx.args.daemon_action)
+    agents = bool(getattr(ctx.args, "agents", False))
+    return daemonctl.run_action(ctx.workspace, ctx.args.daemon_action, agents=agents)
 
 
 COMMANDS: dict[str, Command] = {

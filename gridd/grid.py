@@ -86,6 +86,7 @@ class Grid:
         self.supervisor = self.background.supervisor
         self.supervisor.announce = self._announce
         self._store_degraded = False
+        self._beads_on = False  # known at start: whether beads feeds tasks
         self.started_at = utcnow()
         self._started_mono = time.monotonic()
         self.warnings: list[str] = []
@@ -172,6 +173,7 @@ class Grid:
             questions=self.questions,
             merge_gate=self.merges.gate,
             root=workspace.root,
+            ask_sources=self._ask_sources,
         )
         self.commands.merge_answers = self._merge_answer
         # Beads become tasks through the same commands (and checks) as POST /tasks.
@@ -214,7 +216,7 @@ class Grid:
         self.bus.publish("daemon.started", {"pid": os.getpid(), "version": __version__})
         await self.worktrees.setup()
         self.workspace.runs_dir.mkdir(mode=0o700, exist_ok=True)
-        beads = self.beads.enabled()
+        beads = self._beads_on = self.beads.enabled()
         if beads:  # before recovery: a run reattached with its claim unanswered asks again
             self.pool.claimers[BEADS] = self.beads.claim
         await recover(state=self.state, pool=self.pool, worktrees=self.worktrees, bus=self.bus)
@@ -231,6 +233,22 @@ class Grid:
         self.radar.start()
         if not self.settings.scheduler.step_mode:  # nothing reconciles by itself then
             self.prepared.start()
+        if beads:
+            await self._first_sync()
+
+    async def _first_sync(self) -> None:
+        """Known before served: the daemon answers only once the first ``bd ready`` has
+        landed, so a bead that existed before the start is never a 404. The wait is
+        bounded; past it (or on a failing bd) /health says beads is degraded."""
+        bound = self.settings.beads.first_sync_seconds
+        try:
+            await asyncio.wait_for(self.beads.first_sync.wait(), bound)
+        except TimeoutError:
+            log.warning("beads: no answer from 'bd ready' within %gs; serving without it", bound)
+
+    async def _ask_sources(self, task_id: str) -> bool:
+        """Whether a task source (beads) holds ``task_id``, asked now."""
+        return self._beads_on and await self.beads.ask(task_id)
 
     def _merge_answer(self, question: Question, response: str) -> None:
         self.background.spawn(
@@ -350,6 +368,7 @@ class Grid:
             tuple(paused.items()) if paused else (),
             self.store.write_error,
             self.store.slow_reason(),
+            self.beads.problem() if self._beads_on else None,
         )
 
     def health(self) -> Health:
@@ -370,6 +389,10 @@ class Grid:
         if slow is not None:  # writes wait (kept in memory meanwhile); not down
             degraded = sorted({*degraded, STORE_PART})
             warnings.append(slow)
+        source = self.beads.problem() if self._beads_on else None
+        if source is not None:  # a task source out of step: served, but said
+            degraded = sorted([*degraded, BEADS])
+            warnings.append(source)
         # Built without validation: every field is ours and typed (a tenth of a /health).
         return Health.model_construct(
             status="degraded" if warnings or degraded else "ok",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +56,13 @@ class Commands:
         questions: QuestionBook,
         merge_gate: MergeGate,
         root: Path,
+        ask_sources: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
         self.root = root
         #: Held by the merge queue while it decides a merging task's fate (a merge landing).
         self.merge_gate = merge_gate
+        #: Asks the task sources (beads) now whether they hold an id gridd does not know.
+        self.ask_sources = ask_sources
         self._session_lock = asyncio.Lock()
         #: Delivers a human's answer to a merge question (set by the composition root).
         self.merge_answers: Callable[[Question, str], None] | None = None
@@ -252,6 +255,17 @@ class Commands:
         )
         self.state.flush()
         return updated
+
+    async def start_any_task(self, task_id: str) -> Task:
+        """``POST /tasks/{id}/start``: an id gridd does not know may be a bead made since the
+        last read, so the sources are asked once before the 404."""
+        if (
+            task_id not in self.state.tasks
+            and task_id_problem(task_id) is None
+            and self.ask_sources is not None
+        ):
+            await self.ask_sources(task_id)
+        return self.start_task(task_id)
 
     async def stop_task(self, task_id: str) -> Task:
         task = await self.settled_task(task_id)

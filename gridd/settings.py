@@ -302,6 +302,13 @@ class BeadsSettings(_Section):
     retry_seconds: float = Field(
         default=0.5, gt=0, le=60, description="First pause before retrying a bd write (doubles)"
     )
+    first_sync_seconds: float = Field(
+        default=3.0,
+        ge=0,
+        le=60,
+        description="At start, how long the daemon waits for the first 'bd ready' before it"
+        " serves anyway (then /health says beads is degraded until a read lands)",
+    )
 
 
 class NotificationSettings(_Section):

@@ -42,7 +42,12 @@ def bead(bead_id: str, **extra: object) -> dict[str, object]:
 
 
 def setup_beads(
-    repo: Path, issues: list[dict[str, object]], mode: str = "ok", extra: str = ""
+    repo: Path,
+    issues: list[dict[str, object]],
+    mode: str = "ok",
+    extra: str = "",
+    *,
+    poll_seconds: float = 0.2,
 ) -> None:
     (repo / ".beads").mkdir()
     (repo / ".beads" / "fake-bd.json").write_text(json.dumps({"mode": mode, "issues": issues}))
@@ -50,7 +55,7 @@ def setup_beads(
     (repo / ".grid" / "config.toml").write_text(
         "[beads]\nenabled = true\n"
         f"command = [{json.dumps(sys.executable)}, {json.dumps(str(FAKE_BD))}]\n"
-        "poll_seconds = 0.2\n" + extra
+        f"poll_seconds = {poll_seconds}\n" + extra
     )
 
 

@@ -152,11 +152,12 @@ async def cancel_task(request: Request) -> Response:
 @table.add(
     "POST",
     "/tasks/{task_id}/start",
-    summary="Start a task now (409 if dependencies are not done)",
+    summary="Start a task now (409 if dependencies are not done); an unknown id is asked"
+    " of the task sources (beads) once before the 404",
     response=Task,
 )
 async def start_task(request: Request) -> Response:
-    return wire(grid_of(request).commands.start_task(_task_id(request)))
+    return wire(await grid_of(request).commands.start_any_task(_task_id(request)))
 
 
 @table.add(

@@ -108,6 +108,11 @@ class BeadsSource:
         self.last_sync: float | None = None
         self.last_sync_at: datetime | None = None
         self.failures = 0
+        #: Set once the first ``bd ready`` has answered (or failed): the daemon serves after it.
+        self.first_sync = asyncio.Event()
+        #: Why the last ``bd ready`` failed; None once one succeeds (``/health`` degraded).
+        self.error: str | None = None
+        self._asking: asyncio.Task[None] | None = None
         self._poke = asyncio.Event()
         #: Set by a change that is not gridd's own write: read at once, with no gap.
         self._urgent = asyncio.Event()
@@ -183,6 +188,8 @@ class BeadsSource:
                 delay = min(60.0, max(1.0, poll or 1.0) * 2**self.failures)
                 log.warning("beads sync failed (%s); retrying in %.0fs", exc, delay)
                 self.bus.publish("beads.error", {"error": str(exc), "retryInSeconds": delay})
+            finally:
+                self.first_sync.set()  # landed or failed: the daemon need not wait longer
             try:
                 await asyncio.wait_for(self._poke.wait(), delay)
             except TimeoutError:
@@ -214,10 +221,15 @@ class BeadsSource:
 
     async def sync(self) -> int:
         """One ``bd ready`` poll; returns how many tasks were added."""
-        res = await self.bd("ready", "--json", "--limit", "0")
-        if res.code != 0:
-            raise BdError(f"bd ready exited {res.code}: {res.message[:300]}")
-        beads, warnings = parse_ready(res.out)
+        try:
+            res = await self.bd("ready", "--json", "--limit", "0")
+            if res.code != 0:
+                raise BdError(f"bd ready exited {res.code}: {res.message[:300]}")
+            beads, warnings = parse_ready(res.out)
+        except BdError as exc:
+            self.error = str(exc)
+            raise
+        self.error = None
         for warning in warnings:
             self.bus.publish("beads.warning", {"warning": warning})
         added = 0
@@ -258,6 +270,31 @@ class BeadsSource:
 
     def poke(self) -> None:
         self._poke.set()
+
+    def problem(self) -> str | None:
+        """What ``/health`` says of this source: its first read not landed, or its last
+        read failed; None while it is in step with bd."""
+        if not self.first_sync.is_set():
+            return "beads: the first 'bd ready' has not answered yet"
+        if self.error is not None:
+            return f"beads: {self.error}"
+        return None
+
+    async def ask(self, task_id: str) -> bool:
+        """Ask bd once more, now, for an id gridd does not know (``POST /tasks/{id}/start``
+        may name a bead made since the last read). Asks made at the same moment share one
+        ``bd ready``. True when the task is known afterwards; a failing bd is reported by
+        the sync loop, not here."""
+        if self._asking is None or self._asking.done():
+            self._asking = self.background.spawn("beads-ask", self._ask_bd())
+        await asyncio.shield(self._asking)  # a client that goes away does not cancel it
+        return task_id in self.state.tasks
+
+    async def _ask_bd(self) -> None:
+        try:
+            await self.sync()
+        except BdError as exc:
+            log.info("asking bd for an unknown task: %s", exc)
 
     def changed(self) -> None:
         """The watch saw bd's data change."""

@@ -152,7 +152,8 @@ class Respond(RequestModel):
 
 
 def normalise_plan(data: Any) -> Any:
-    """Accept a bare list of tasks, and ``depends_on``/``after`` spellings, in plan files."""
+    """Accept a bare list of tasks, and the ``depends_on``/``after``/``deps`` spellings of
+    ``dependsOn`` (one id without a list, too), in plan files."""
     if isinstance(data, list):
         data = {"tasks": data}
     if isinstance(data, dict) and isinstance(data.get("tasks"), list):

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from gridd.cli.gridctl import EXIT_ERROR, EXIT_USAGE
+from gridd.cli import plan_cmd
+from gridd.cli.gridctl import EXIT_ERROR, EXIT_USAGE, build_parser
 from gridd.cli.gridctl import main as gridctl_main
+from gridd.cli.tasks_cmd import task_spec
 from tests import helpers
 
 #: A cycle (a -> c -> b -> a), an unknown dependency (ghost) and a misspelt field.
@@ -148,3 +150,17 @@ def test_the_daemons_graph_problems_are_placed_in_the_file(ws: Path) -> None:
         "  - line 3, tasks[1].id: duplicate task id 'taken'",
         "  - line 6, tasks[2].after[1]: task 'lost' depends on unknown task 'nowhere'",
     ]
+
+
+def test_dependencies_are_spelt_depends_on_and_after_still_works(tmp_path: Path) -> None:
+    args = build_parser().parse_args(
+        ["task", "add", "T", "--depends-on", "a,b", "--after", "c", "--depends-on", "d"]
+    )
+    assert task_spec(args)["dependsOn"] == ["a", "b", "c", "d"]
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        "- {id: a, title: A}\n- {id: b, title: B, depends_on: a}\n"
+        "- {id: c, title: C, dependsOn: [a]}\n- {id: d, title: D, after: [b, c]}\n"
+    )
+    data = plan_cmd.read_plan(str(plan)).data
+    assert [task.get("dependsOn") for task in data["tasks"]] == [None, ["a"], ["a"], ["b", "c"]]

@@ -5,7 +5,7 @@ a function that adds its flags to its subparser, and a function that runs it wit
 ``Context``. Commands live by concept: ``tasks_cmd`` (task), ``plan_cmd`` (plan),
 ``session_cmd`` (session, agents, agent), ``questions_cmd`` (questions, answer, respond),
 ``logs``, ``events_cmd``, ``watch`` (status --watch), ``metrics_cmd``, ``service_cmd``
-(service), ``doctor``, ``completion``, ``upgrade`` (daemon upgrade); status and daemon are here. Adding one
+(service), ``init``, ``doctor``, ``completion``, ``upgrade`` (daemon upgrade); status and daemon are here. Adding one
 means one ``COMMANDS`` entry. ``render`` and ``render_tasks`` format what they print.
 
 Exit codes: 0 ok, 1 error (any GriddError, printed as ``gridctl: <message> [<code>]``, then
@@ -40,6 +40,7 @@ from gridd.cli.context import (
 )
 from gridd.cli.doctor import DOCTOR
 from gridd.cli.events_cmd import EVENTS
+from gridd.cli.init_cmd import INIT
 from gridd.cli.logs import LOGS
 from gridd.cli.metrics_cmd import METRICS
 from gridd.cli.plan_cmd import PLAN
@@ -135,6 +136,7 @@ def run_daemon(ctx: Context) -> int:
 
 
 COMMANDS: dict[str, Command] = {
+    "init": INIT,
     "status": Command(
         help="summary of the session, budget, tasks, agents and questions (--watch: live)",
         description="Show the workspace's session (its budget and what it has spent, or why it"

@@ -1,7 +1,8 @@
 """``gridctl plan ...``: plan files (many tasks with dependencies) applied at once, and waves.
 
 A plan file is YAML: a mapping with a ``tasks:`` list, or a bare list, of task specs
-(``dependsOn``, also spelt ``depends_on`` or ``after``). It is parsed here, so a typo is
+(docs/plans.md). Dependencies are ``depends_on``, also spelt ``dependsOn``, ``after`` or
+``deps``, as ``gridctl task add --depends-on`` is also ``--after``. It is parsed here, so a typo is
 reported with its line and column before anything is sent, validated with the daemon's own
 request model, then posted as JSON; the daemon applies it atomically or not at all. Waves
 of a file are computed locally with the pure ``gridd.plan`` functions, without a daemon.
@@ -344,8 +345,9 @@ PLAN = group(
             " dependency or a duplicate id is refused with every problem listed (exit 1), and"
             " nothing is applied; each problem names its line and path in the file."
             " Prints the waves (topological levels) of the new tasks."
-            " Each task: id, title, prompt, priority, dependsOn (or depends_on, after),"
-            " labels, agent, maxAttempts, timeoutSeconds.",
+            " Each task: id, title, prompt, priority, depends_on (or dependsOn, after),"
+            " agent, files, labels, max_attempts, max_sessions, timeout_seconds"
+            " (docs/plans.md).",
             build=build_apply,
             run=run_apply,
         ),

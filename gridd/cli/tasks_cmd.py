@@ -59,12 +59,14 @@ def build_add(parser: argparse.ArgumentParser) -> None:
         help="read the prompt from FILE ('-' for standard input)",
     )
     parser.add_argument(
+        "--depends-on",
         "--after",
+        dest="depends_on",
         metavar="ID",
         action="append",
         default=[],
         help="a task this one depends on (repeat, or separate ids with commas);"
-        " it starts once they are all done",
+        " it starts once they are all done. --after is the same option",
     )
     parser.add_argument(
         "--priority",
@@ -99,13 +101,13 @@ def task_spec(args: argparse.Namespace) -> dict[str, Any]:
     if args.prompt_file is not None:
         with args.prompt_file as fh:
             prompt = fh.read()
-    after = [dep.strip() for value in args.after for dep in value.split(",") if dep.strip()]
+    deps = [dep.strip() for value in args.depends_on for dep in value.split(",") if dep.strip()]
     spec: dict[str, Any] = {
         "id": args.id,
         "title": args.title,
         "prompt": prompt,
         "priority": args.priority,
-        "dependsOn": after or None,
+        "dependsOn": deps or None,
         "labels": args.label or None,
         "agent": args.agent,
         "maxAttempts": args.max_attempts,
@@ -278,7 +280,7 @@ TASK = group(
         "add": Command(
             help="create a task",
             description="Create a task for the native source. It is ready at once unless it"
-            " depends (--after) on tasks that are not done. Prints the new task's id and status.",
+            " depends (--depends-on, or --after) on tasks that are not done. Prints the new task's id and status.",
             build=build_add,
             run=run_add,
         ),

@@ -121,11 +121,11 @@ async def _communicate_within(
     if done:
         return talk.result()
     await _stop_group(proc, talk)
-    args = argv[1:]
+    what = " ".join(argv[:4]).splitlines()[0][:120]  # ``git merge -q ...``, not a script
     raise GitTimeout(
-        f"git {' '.join(args[:3])} did not finish within {timeout:g} s and was stopped"
+        f"{what} did not finish within {timeout:g} s and was stopped"
         " (a .gitattributes filter or a hook that hangs?)",
-        details={"args": list(args), "timeoutSeconds": timeout},
+        details={"args": list(argv[1:]), "timeoutSeconds": timeout},
     )
 
 
@@ -303,13 +303,13 @@ class Worktrees:
         res = await git(path, "status", "--porcelain", "--untracked-files=all")
         return bool(res.out.strip())
 
-    async def commit_all(self, path: Path, message: str) -> bool:
+    async def commit_all(self, path: Path, message: str, *, timeout: float | None = None) -> bool:
         """Commit everything left in the worktree; False when there was nothing."""
-        committed, _ = await self.record(path, message)
+        committed, _ = await self.record(path, message, timeout=timeout)
         return committed
 
     async def record(
-        self, path: Path, message: str, *, base: str | None = None
+        self, path: Path, message: str, *, base: str | None = None, timeout: float | None = None
     ) -> tuple[bool, list[str]]:
         """Commit everything left in the worktree and, given ``base``, list the files the
         branch changed since it: the git calls of a finish in one process (a finish used to
@@ -321,7 +321,7 @@ class Worktrees:
             )
         identity = await self.identity()
         argv = ("sh", "-c", _RECORD_SCRIPT, "gridd-record", message, base or "", *identity)
-        res = await _run(path, argv, check=False)
+        res = await _run(path, argv, check=False, timeout=timeout)
         if res.code != 0:
             raise GitError(
                 f"recording the work in {path} failed: {res.err.strip() or res.out.strip()}",

@@ -44,6 +44,10 @@ def configure(root: Path, merge: str = "") -> None:
             fh.write(f"\n[merge]\n{merge}\n")
 
 
+def run_git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+
+
 def files_on(root: Path, ref: str) -> set[str]:
     return set(git(root, "ls-tree", "-r", "--name-only", ref).split())
 
@@ -97,7 +101,7 @@ def test_a_cancel_at_the_crash_point_wins_and_the_work_never_reaches_the_branch(
         assert illegal_moves(daemon.stderr_text()) == []
 
 
-def test_a_cancel_while_the_merge_lands_finds_the_task_done_and_answers_409(
+def test_cancel_stop_and_reject_while_the_merge_lands_find_the_task_done_and_answer_409(
     repo: Path, pause: Path
 ) -> None:
     configure(repo)
@@ -110,38 +114,73 @@ def test_a_cancel_while_the_merge_lands_finds_the_task_done_and_answers_409(
         landing.touch()
         c.post("/tasks/k/approve")
         wait_for(landing.with_name(landing.name + ".reached").exists, timeout=20)
-        answers: list[object] = []
+        answers: dict[str, object] = {}
+        asks = {
+            "cancel": ("DELETE", "/tasks/k", None),
+            "stop": ("POST", "/tasks/k/stop", None),
+            "reject": ("POST", "/tasks/k/reject", {"feedback": "no"}),
+        }
 
-        def cancel() -> None:
+        def ask(name: str) -> None:
+            method, path, body = asks[name]
             with daemon.client() as own:
                 try:
-                    answers.append(own.request("DELETE", "/tasks/k"))
+                    answers[name] = own.request(method, path, json=body)
                 except Conflict as exc:
-                    answers.append(exc)
+                    answers[name] = exc
 
-        thread = threading.Thread(target=cancel)
-        thread.start()
-        time.sleep(0.3)  # the cancel reaches the daemon while the merge lands (or just after:
-        landing.unlink()  # the answer must be the same)
-        thread.join(timeout=20)
-        [answer] = answers
-        assert isinstance(answer, Conflict), answer
-        assert answer.code == "task_finished"
-        assert answer.details["status"] == "done"
+        threads = [threading.Thread(target=ask, args=(name,)) for name in asks]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.3)  # they reach the daemon while the merge lands (or just after: the
+        landing.unlink()  # answers must be the same)
+        for thread in threads:
+            thread.join(timeout=20)
         task = c.get("/tasks/k")
         assert task["status"] == "done"
-        assert answer.details["mergeCommit"] == task["mergeCommit"]
+        codes = {
+            "cancel": "task_finished",
+            "stop": "task_not_working",
+            "reject": "task_not_in_review",
+        }
+        for name, code in codes.items():
+            answer = answers[name]
+            assert isinstance(answer, Conflict), (name, answer)
+            assert answer.code == code
+            assert answer.details == {
+                "id": "k",
+                "status": "done",
+                "mergeCommit": task["mergeCommit"],
+            }
         head = git(repo, "rev-parse", "feature/late").strip()
         assert head == task["mergeCommit"]
         assert "k.txt" in files_on(repo, head)
         assert illegal_moves(daemon.stderr_text()) == []
 
 
+def test_locks_left_by_a_landing_whose_daemon_died_are_removed_at_start(repo: Path) -> None:
+    configure(repo)
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that no longer runs
+    left = [repo / ".git" / "index.lock", repo / ".git" / "HEAD.lock"]
+    for lock in left:
+        lock.write_text(f"gridd landing pid={gone.pid}\n")
+    other = repo.parent / (repo.name + "-other")
+    git(repo, "worktree", "add", "-q", "-b", "elsewhere", str(other))
+    try:
+        gitdir = Path(git(other, "rev-parse", "--absolute-git-dir").strip())
+        foreign = gitdir / "index.lock"  # a git of the user's: never ours to remove
+        foreign.write_text("DIRC")
+        with core_daemon(repo):
+            wait_for(lambda: not any(lock.exists() for lock in left), timeout=15)
+            assert foreign.exists()
+            assert run_git(repo, "checkout", "-q", "-b", "after").returncode == 0
+    finally:
+        foreign.unlink(missing_ok=True)
+        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(other)])
+
+
 # -- a user's checkout against the ref update ---------------------------------------------------
-
-
-def run_git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
 
 
 def test_the_feature_branch_never_moves_under_a_checkout_and_every_merge_lands_after(
@@ -176,8 +215,9 @@ def test_the_feature_branch_never_moves_under_a_checkout_and_every_merge_lands_a
                 violations.append(f"checkout {checkouts}: the branch moved while checked out")
             # -f: a violation would leave staged changes behind; keep the loop going
             run_git(repo, "checkout", "-q", "-f", "main")
+        wait_for(lambda: run_git(repo, "checkout", "-q", "-f", "main").returncode == 0)
         assert violations == []
-        assert checkouts >= 20, (checkouts, refused)
+        assert checkouts >= 10, (checkouts, refused)
         # Every merge lands once the user has left the branch.
         for task_id in ids:
             wait_task_status(c, task_id, "done", timeout=60)

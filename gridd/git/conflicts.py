@@ -142,7 +142,11 @@ class ConflictPolicy:
         send the task back to its agent."""
         worktree = await self.worktrees.create(task.id, None, known_base=task.base_commit)
         path = worktree.path
-        await self.worktrees.commit_all(path, f"gridd: {task.id}: work before merging the feature")
+        await self.worktrees.commit_all(
+            path,
+            f"gridd: {task.id}: work before merging the feature",
+            timeout=self.settings.git_timeout_seconds,
+        )
         identity = await self.worktrees.identity()
         feature = self.state.session.feature_branch or feature_commit
         message = f"gridd: merge {feature} into task {task.id}"

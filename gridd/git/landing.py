@@ -186,6 +186,18 @@ class Landing:
             self._common = Path(os.path.realpath(self.root / res.out.strip()))
         return self._common
 
+    async def sweep(self) -> list[Path]:
+        """Remove the locks a landing of a daemon now gone left in the user's worktrees (it
+        was killed mid-landing): their git would refuse to run until a merge lands again."""
+        removed = []
+        for tree in worktrees_of(await self.common_dir(), self.own):
+            for name in ("index.lock", "HEAD.lock"):
+                lock = tree.gitdir / name
+                if not tree.ours and lock.exists() and _stale(lock):
+                    lock.unlink(missing_ok=True)
+                    removed.append(lock)
+        return removed
+
     async def looks_clear(self, branch: str) -> bool:
         """Without taking a lock: could a landing on ``branch`` go ahead now? (What a
         waiting merge asks before trying again, so that it does not take a user's locks

@@ -151,6 +151,11 @@ class MergeQueue:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
+        try:
+            for lock in await self.landing.sweep():
+                log.warning("removed %s, left by a merge landing when its daemon died", lock)
+        except GriddError as exc:
+            log.warning("looking for locks left by an earlier landing: %s", exc.message)
         while True:
             now = loop.time()
             queued = queue_order(list(self.state.tasks.values()))

@@ -7,6 +7,7 @@ on."""
 
 from __future__ import annotations
 
+import random
 import subprocess
 import threading
 import time
@@ -187,7 +188,7 @@ def test_the_feature_branch_never_moves_under_a_checkout_and_every_merge_lands_a
     repo: Path,
 ) -> None:
     configure(repo)
-    ids = [f"t{i}" for i in range(12)]
+    ids = [f"t{i}" for i in range(16)]
     with core_daemon(repo) as daemon:
         c = daemon.client()
         c.post("/plans", {"tasks": [{"id": i, "title": f"task {i}"} for i in ids]})
@@ -197,11 +198,13 @@ def test_the_feature_branch_never_moves_under_a_checkout_and_every_merge_lands_a
         start = git(repo, "rev-parse", "feature/co").strip()
         for task_id in ids:
             c.post(f"/tasks/{task_id}/approve")
-        # The user flips between the feature branch and main while the merges run. Each time
-        # the feature branch is checked out, it must stay where it was and match the index.
+        # The user flips between the feature branch and main while the merges run, now and
+        # then staying on main for a while (so merges land in between). Each time the
+        # feature branch is checked out, it must stay where it was and match the index.
+        pauses = random.Random(22)
         violations: list[str] = []
         checkouts = refused = 0
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if run_git(repo, "checkout", "-q", "feature/co").returncode != 0:
                 refused += 1  # a merge landing held the index: git refused, nothing changed
@@ -215,6 +218,7 @@ def test_the_feature_branch_never_moves_under_a_checkout_and_every_merge_lands_a
                 violations.append(f"checkout {checkouts}: the branch moved while checked out")
             # -f: a violation would leave staged changes behind; keep the loop going
             run_git(repo, "checkout", "-q", "-f", "main")
+            time.sleep(pauses.choice((0.0, 0.0, 0.0, 0.7)))
         wait_for(lambda: run_git(repo, "checkout", "-q", "-f", "main").returncode == 0)
         assert violations == []
         assert checkouts >= 10, (checkouts, refused)

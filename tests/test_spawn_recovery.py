@@ -36,11 +36,13 @@ from gridd.agents.starter import SHIM_PATH
 from gridd.errors import DaemonUnreachable
 from gridd.pool.rundirs import new_run
 from tests.helpers import (
+    Restartable,
     agent_command,
     event_log,
     read_json_file,
     restartable_daemon,
     running_daemon,
+    socket_answers,
     start_daemon,
     wait_for,
     wait_for_events,
@@ -58,6 +60,17 @@ def _config(repo: Path, *, crash: str | None, stop_when_idle: bool = True) -> No
     if crash is not None:
         with (repo / ".grid" / "config.toml").open("a") as fh:
             fh.write(f'\n[daemon]\ncrash_points = ["{crash}"]\n')
+
+
+def _die_mid_spawn(grid: Restartable, task: dict[str, object]) -> None:
+    """Create ``task`` and start a session: the daemon, configured with a crash point,
+    dies (SIGKILL) on the way to starting its agent."""
+    c = grid.client()
+    c.post("/tasks", task)
+    with contextlib.suppress(DaemonUnreachable, httpx.TransportError):
+        c.post("/session/start", {"maxAgents": 1})
+    assert grid.daemon is not None
+    assert grid.daemon.proc.wait(30) is not None, "the daemon did not die at its crash point"
 
 
 def _lifetimes(agents: list[dict[str, object]]) -> list[tuple[float, float]]:
@@ -80,11 +93,7 @@ def test_a_daemon_killed_mid_spawn_runs_the_task_once_at_a_time_after_restart(
     _config(repo, crash=point)
     with restartable_daemon(repo) as grid:
         c = grid.client()
-        c.post("/tasks", {"id": "once", "title": "runs once at a time", "maxAttempts": 1})
-        with contextlib.suppress(DaemonUnreachable, httpx.TransportError):
-            c.post("/session/start", {"maxAgents": 1})
-        assert grid.daemon is not None
-        assert grid.daemon.proc.wait(30) is not None, f"the daemon did not die at {point}"
+        _die_mid_spawn(grid, {"id": "once", "title": "runs once at a time", "maxAttempts": 1})
         _config(repo, crash=None)
         grid.start()
         task = wait_task_status(c, "once", "review", timeout=60)
@@ -112,11 +121,7 @@ def test_runs_never_overlap_in_a_worktree_across_repeated_mid_spawn_kills(repo: 
     _config(repo, crash="spawn.recorded")
     with restartable_daemon(repo) as grid:
         c = grid.client()
-        c.post("/tasks", {"id": "twice", "title": "killed twice", "maxAttempts": 1})
-        with contextlib.suppress(DaemonUnreachable, httpx.TransportError):
-            c.post("/session/start", {"maxAgents": 1})
-        assert grid.daemon is not None
-        assert grid.daemon.proc.wait(30) is not None
+        _die_mid_spawn(grid, {"id": "twice", "title": "killed twice", "maxAttempts": 1})
         _config(repo, crash="spawn.started")
         # fences the first run, spawns again, dies right after: maybe before /health was
         # ever seen to answer, so the start does not wait for it
@@ -278,3 +283,41 @@ def test_a_spawn_given_up_on_is_fenced_and_its_late_shim_never_runs_the_task_twi
         spans = _lifetimes(agents)
         assert len(spans) == 1, f"the task's agent ran {len(spans)} times: {spans}"
         assert "fenced" in str(failed.data["error"])
+
+
+def test_a_run_its_shim_claimed_but_has_not_started_gets_no_second_run_after_a_restart(
+    repo: Path,
+) -> None:
+    """A daemon died mid-spawn; the run's shim claimed it and is stopped (a stand-in
+    process holds the claim, as a SIGSTOPped shim would). The restarted daemon cannot fence
+    the run: it watches it through that shim, and the task gets a second run only once that
+    shim is gone (it can then start nothing any more)."""
+    _config(repo, crash="spawn.recorded")
+    stand_in = subprocess.Popen(["sleep", "600"])
+    try:
+        with restartable_daemon(repo) as grid:
+            c = grid.client()
+            _die_mid_spawn(grid, {"id": "held", "title": "claimed, not started", "maxAttempts": 3})
+            (run_dir,) = (repo / ".grid" / "runs").glob("work-*")
+            (run_dir / "claim").write_text(f"shim {stand_in.pid}\n")
+            _config(repo, crash=None)
+            # Recovery waits SETTLE_SECONDS for the shim to speak before the daemon serves.
+            grid.daemon = start_daemon(repo, wait=False)
+            wait_for(lambda: socket_answers(grid.sock), timeout=60, message="the restart")
+            wait_for_events(c, {"agent.reattached"}, 1)
+            held = c.get("/agents", params={"all": "1"})
+            assert [(a["taskId"], a["status"]) for a in held] == [("held", "starting")]
+            mark = int(c.get("/state")["daemon"]["lastEventId"])
+            stand_in.kill()  # the shim dies without a word: its run can never start now
+            stand_in.wait()
+            wait_task_status(c, "held", "review", timeout=60)
+            failed = event_log(c, types={"agent.failed", "agent.spawned"})
+            first = [e for e in failed if e.data["agentId"] == held[0]["id"]]
+            assert first and all(e.id is not None and e.id > mark for e in first), [
+                (e.id, e.type) for e in failed
+            ]
+            spawned = [e for e in failed if e.type == "agent.spawned"]
+            assert spawned and all(e.id is not None and e.id > mark for e in spawned)
+    finally:
+        stand_in.kill()
+        stand_in.wait()

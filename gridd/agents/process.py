@@ -255,14 +255,22 @@ class AgentProcess:
     def _settled(self) -> bool:
         """True once the shim said the agent runs (``agent.json``: the pids are taken from
         it) or could not start (``exit.json``)."""
-        info = read_json(self.run_dir / "agent.json")
-        if info is not None:
-            self.pid = int(info["pid"])
-            self.create_time = process_create_time(self.pid)
-            self.shim_pid = int(info["shimPid"])
-            self.shim_create_time = process_create_time(self.shim_pid)
+        return self._pick_up() or (self.run_dir / "exit.json").exists()
+
+    def _pick_up(self) -> bool:
+        """Take the pids from ``agent.json`` once the shim has written it (a handle made
+        before the agent ran: ``spawn``, or ``adopt`` of a run its shim claimed). True when
+        the pids are known."""
+        if self.pid is not None:
             return True
-        return (self.run_dir / "exit.json").exists()
+        info = read_json(self.run_dir / "agent.json")
+        if info is None:
+            return False
+        self.pid = int(info["pid"])
+        self.create_time = process_create_time(self.pid)
+        self.shim_pid = int(info["shimPid"])
+        self.shim_create_time = process_create_time(self.shim_pid)
+        return True
 
     async def _await_claimant(self, timeout: float) -> None:
         """The run's shim claimed it before we gave up: it starts the agent, or is about to
@@ -294,7 +302,7 @@ class AgentProcess:
         stamp; otherwise the number belongs to someone else now."""
         info = read_json(run_dir / "agent.json")
         if info is None:
-            return None
+            return cls._claimed(run_dir)
         try:
             pid, shim_pid = int(info["pid"]), int(info["shimPid"])
             latest = float(info["startedAt"]) + 1.0
@@ -309,6 +317,17 @@ class AgentProcess:
             run_dir, pid, created(pid), shim_pid=shim_pid, shim_create_time=created(shim_pid)
         )
 
+    @classmethod
+    def _claimed(cls, run_dir: Path) -> AgentProcess | None:
+        """A run whose shim claimed it but has not said the agent runs (it is stopped, or
+        slow): the shim's handle, so that the run is watched, and no second one started,
+        while that shim lives. The agent's pids are taken once it writes them."""
+        claimant = _claimant(run_dir)
+        if claimant is None or not _claimant_alive(claimant):
+            return None
+        pid = claimant[0]
+        return cls(run_dir, None, None, shim_pid=pid, shim_create_time=process_create_time(pid))
+
     # -- observation -----------------------------------------------------------------------
 
     def exit_status(self) -> ExitStatus | None:
@@ -319,12 +338,14 @@ class AgentProcess:
 
     def alive(self) -> bool:
         """True while our agent (same pid *and* create time) still exists."""
+        self._pick_up()
         return _same_process(self.pid, self.create_time)
 
     def group_alive(self) -> bool:
         """True while any process of the agent's process group remains: the agent itself, or
         children it left behind. The group id is the agent's pid, and Linux does not give that
         number to a new process while the group still has members."""
+        self._pick_up()
         if self.pid is None or self.create_time is None:
             return False
         if self.alive():

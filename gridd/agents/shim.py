@@ -213,12 +213,13 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def end_leftovers(pgid: int, *, grace: float = LEFTOVER_GRACE_SECONDS) -> None:
+def end_leftovers(group: int | None, *, grace: float = LEFTOVER_GRACE_SECONDS) -> None:
     """End what the agent left running: every process below the shim (as the child
     subreaper, a descendant stays below us whatever ``setsid()`` or ``setpgid()`` it
-    called) and the agent's process group (all there is where ``/proc`` is not). SIGTERM
-    with SIGCONT (a stopped process cannot act on TERM), SIGKILL after ``grace``; each
-    process reaped as it goes."""
+    called), and the agent's process ``group`` where we are no subreaper (then it is all
+    we can reach; as one, its members are all below us, and a group id whose leader is
+    reaped may already be another process's). SIGTERM with SIGCONT (a stopped process
+    cannot act on TERM), SIGKILL after ``grace``; each reaped as it goes."""
     me = os.getpid()
     start = time.monotonic()
     phases = ((_signal.SIGTERM, _signal.SIGCONT), (_signal.SIGKILL,))
@@ -227,7 +228,7 @@ def end_leftovers(pgid: int, *, grace: float = LEFTOVER_GRACE_SECONDS) -> None:
     while True:
         _reap_children()
         left = descendants(me)
-        if not left and not _group_alive(pgid):
+        if not left and (group is None or not _group_alive(group)):
             return
         elapsed = time.monotonic() - start
         if elapsed > grace + KILL_WAIT_SECONDS:
@@ -238,7 +239,8 @@ def end_leftovers(pgid: int, *, grace: float = LEFTOVER_GRACE_SECONDS) -> None:
             signalled.clear()
             for sig in phases[phase]:
                 try:
-                    os.killpg(pgid, sig)
+                    if group is not None:
+                        os.killpg(group, sig)
                 except OSError:
                     pass
         fresh = [p for p in left if p not in signalled]
@@ -464,7 +466,7 @@ def _run(run_dir: str) -> int:
             watch = WorkspaceWatch(str(spec["grid"]), float(spec.get("orphan_grace", 60.0)))
         except OSError:
             pass  # already gone: the daemon that wrote the spec is too; nothing to compare
-    _become_subreaper()
+    contained = _become_subreaper()
     try:
         pid = _spawn(spec, stdin, out)
     except OSError as exc:
@@ -498,7 +500,9 @@ def _run(run_dir: str) -> int:
     if watch is not None:
         watch.stop()
     code = os.waitstatus_to_exitcode(status)
-    end_leftovers(pid)  # before exit.json: nothing of the run writes after it says it ended
+    end_leftovers(
+        None if contained else pid
+    )  # before exit.json: nothing of the run writes after it says it ended
     try:
         _write_json(
             os.path.join(run_dir, "exit.json"),

@@ -90,7 +90,9 @@ class Reattacher:
 
     async def _settled(self, agent: Agent, handle: AgentHandle) -> AgentHandle:
         """Its supervisor took the run: wait until it says the agent runs (or could not
-        start), then watch it as any other. Gone without a word, it is an orphaned run."""
+        start), then watch it as any other. Gone without a word, it is an orphaned run.
+        Still silent after ``SETTLE_SECONDS`` but alive (stopped, or slow), it is watched
+        through its supervisor: the task gets no second run while it may still start one."""
         deadline = time.monotonic() + SETTLE_SECONDS
         while handle.pid is None and handle.exit_status() is None:
             if time.monotonic() > deadline:

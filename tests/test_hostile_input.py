@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DaemonProc, raw_http
+from tests.helpers import DaemonProc, raw_http, wait_for
 
 
 def send(
@@ -256,3 +256,68 @@ def test_openapi_documents_the_statuses_the_server_answers_with(live: DaemonProc
     # and the server does answer with what is documented
     status, _ = send(live.sock, "POST", "/tasks", '[{"title": "a"}, {"title": "b"}]')
     assert status == 201
+
+
+# -- honest limits (#30) --------------------------------------------------------------------------
+
+
+def test_a_9_mib_yaml_plan_without_aliases_is_accepted_as_its_json_is(daemon: DaemonProc) -> None:
+    """The YAML expansion limit counts each node once: before, every value was counted
+    again for each collection around it, and this plan was 413 "(aliases)"."""
+    prompt = "x" * 100_000
+    tasks = [{"id": f"big-{n}", "title": f"task {n}", "prompt": prompt} for n in range(95)]
+    body = "tasks:\n" + "".join(
+        f"  - id: {t['id']}\n    title: {t['title']}\n    prompt: {t['prompt']}\n" for t in tasks
+    )
+    assert len(body) > 9 * 1024 * 1024
+    status, doc = send(daemon.sock, "POST", "/plans", body, ctype="application/yaml")
+    assert status == 201, str(doc)[:500]
+    listed = daemon.client(timeout=30).get("/tasks")
+    assert len(listed) == 95 and all(len(t["prompt"]) == 100_000 for t in listed)
+
+
+@pytest.mark.parametrize(
+    "method,target", [("GET", "/tasks/"), ("POST", "/tasks/"), ("GET", "/health/")]
+)
+def test_a_trailing_slash_is_answered_in_the_json_error_format(
+    live: DaemonProc, method: str, target: str
+) -> None:
+    status, doc = send(live.sock, method, target, "{}" if method == "POST" else b"")
+    assert status == 404, doc
+    assert error_code(doc) == "not_found"
+    error = doc["error"]
+    assert isinstance(error, dict) and "trailing" in str(error["message"])
+
+
+def requests_counted(live: DaemonProc, method: str, route: str, code: str | None = None) -> float:
+    """``gridd_http_requests_total`` for ``method`` and ``route`` (and ``code``), summed."""
+    total = 0.0
+    for line in live.client().get_text("/metrics").splitlines():
+        if not line.startswith("gridd_http_requests_total{"):
+            continue
+        labels, _, value = line.partition("} ")
+        wanted = [f'method="{method}"', f'route="{route}"', *([f'code="{code}"'] if code else [])]
+        if all(label in labels for label in wanted):
+            total += float(value)
+    return total
+
+
+def test_a_client_that_disconnects_mid_request_is_not_an_error(live: DaemonProc) -> None:
+    log_before = len(live.stderr_text())
+    seen = requests_counted(live, "POST", "/tasks")
+    failed = requests_counted(live, "POST", "/tasks", "500")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(str(live.sock))
+        s.sendall(
+            b"POST /tasks HTTP/1.1\r\nHost: gridd\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100000\r\n\r\n{"title": "never fin'
+        )
+    wait_for(
+        lambda: requests_counted(live, "POST", "/tasks") > seen,
+        timeout=10,
+        message="the abandoned request to be counted",
+    )
+    assert requests_counted(live, "POST", "/tasks", "500") == failed
+    logged = live.stderr_text()[log_before:]
+    assert "unhandled error" not in logged and "Traceback" not in logged, logged[-2000:]
+    assert live.client().get("/health")["status"] == "ok"

@@ -94,6 +94,9 @@ def create_app(grid: Grid) -> Starlette:
             Middleware(SplitIdGuard, paths=[ep.path for ep in table.endpoints]),
         ],
     )
+    # /tasks/ is an unknown path answered in the JSON error format, not a 307 to /tasks
+    # with a body that is not JSON (and a client that may not follow it over the socket).
+    app.router.redirect_slashes = False
     app.state.grid = grid
     app.state.health = HealthBody(grid)
     app.state.openapi = None

@@ -121,24 +121,23 @@ def _yaml_problem(message: str, code: str = "malformed_yaml") -> BadRequest:
 
 
 def check_yaml_events(body: bytes, *, limit: int = MAX_BODY_BYTES) -> None:
-    """Walk the YAML event stream: depth, alias count and expanded size within bounds."""
+    """Walk the YAML event stream: depth, alias count and expanded size within bounds.
+
+    The expanded size is the body plus what every alias adds (the size of the node it
+    names, aliases inside that node expanded too), each node counted once: a document
+    without aliases is never refused here (the body itself is within the limit), so a plan
+    accepted as JSON is accepted as YAML."""
     depth = 0
     aliases = 0
-    total = 0
-    # Per open collection: (anchor, size so far); sizes of finished anchors by name.
+    total = len(body)
+    # Per open collection: (anchor, expanded size so far); sizes of finished anchors by name.
     open_nodes: list[tuple[str | None, int]] = []
     anchored: dict[str, int] = {}
 
-    def add(size: int) -> None:
-        nonlocal total
-        total += size
+    def into_parent(size: int) -> None:
         if open_nodes:
             anchor, sofar = open_nodes[-1]
             open_nodes[-1] = (anchor, sofar + size)
-        if total > limit:
-            raise PayloadTooLarge(
-                f"plan expands to more than {limit} bytes (aliases)", details={"limit": limit}
-            )
 
     yaml, loader = _yaml()
     for event in yaml.parse(body, Loader=loader):
@@ -148,12 +147,18 @@ def check_yaml_events(body: bytes, *, limit: int = MAX_BODY_BYTES) -> None:
                 raise _yaml_problem(
                     f"plan uses more than {MAX_ALIASES} YAML aliases", code="too_many_aliases"
                 )
-            add(anchored.get(event.anchor or "", 1))
+            size = anchored.get(event.anchor or "", 1)
+            total += size
+            if total > limit:
+                raise PayloadTooLarge(
+                    f"plan expands to more than {limit} bytes (aliases)", details={"limit": limit}
+                )
+            into_parent(size)
         elif isinstance(event, yaml.ScalarEvent):
             size = len(event.value) + 2
             if event.anchor:
                 anchored[event.anchor] = size
-            add(size)
+            into_parent(size)
         elif isinstance(event, yaml.CollectionStartEvent):
             depth += 1
             if depth > MAX_DEPTH:
@@ -168,7 +173,7 @@ def check_yaml_events(body: bytes, *, limit: int = MAX_BODY_BYTES) -> None:
             anchor, size = open_nodes.pop()
             if anchor:
                 anchored[anchor] = size
-            add(size)
+            into_parent(size)
 
 
 def parse_yaml(body: bytes) -> Any:

@@ -16,7 +16,7 @@ from urllib.parse import unquote
 
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -71,6 +71,8 @@ async def handle_http_error(request: Request, exc: Exception) -> Response:
     code = _HTTP_CODES.get(exc.status_code, "http_error")
     if exc.status_code == 404:
         message = f"no such endpoint: {request.method} {request.url.path}"
+        if len(request.url.path) > 1 and request.url.path.endswith("/"):
+            message += f" (gridd's paths have no trailing '/': {request.url.path.rstrip('/')})"
     elif exc.status_code == 405:
         message = f"method {request.method} not allowed on {request.url.path}"
     else:
@@ -79,6 +81,13 @@ async def handle_http_error(request: Request, exc: Exception) -> Response:
     if exc.headers:
         response.headers.update(exc.headers)
     return response
+
+
+async def handle_client_disconnect(request: Request, exc: Exception) -> Response:
+    """The client went away before its request was read: nothing failed on our side, and
+    no one is left to answer (the status only reaches the request metrics)."""
+    log.debug("client disconnected during %s %s", request.method, request.url.path)
+    return error_response(400, "client_disconnected", "the client disconnected mid-request")
 
 
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
@@ -94,6 +103,7 @@ async def handle_unexpected(request: Request, exc: Exception) -> Response:
 EXCEPTION_HANDLERS = {
     GriddError: handle_gridd_error,
     HTTPException: handle_http_error,
+    ClientDisconnect: handle_client_disconnect,
     Exception: handle_unexpected,
 }
 

@@ -48,6 +48,9 @@ FAILURE_TAIL_LINES = 200
 RESET_MARGIN_SECONDS = 1.0
 #: Pauses between tries when finishing a run fails transiently (a git lock, say).
 FINISH_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0)
+#: Where a completed run's task may be when its result is recorded: still ``working``, or
+#: moved by a stop (``ready``) or kill (``blocked``) that came after the run had ended.
+_TAKES_RESULT = frozenset({TaskStatus.WORKING, TaskStatus.READY, TaskStatus.BLOCKED})
 
 
 class Finisher:
@@ -213,7 +216,10 @@ class Finisher:
 
     def _facts(self, agent: Agent, task: Task, status: ExitStatus, run: RunWatch) -> RunFacts:
         wants = task.status == TaskStatus.WORKING
-        failed = status.code != 0 or agent.stop_reason is not None
+        # No signal of gridd's reached the agent: a stop asked for after it had exited
+        # neither failed the run nor undoes its result.
+        ended_first = agent.signalled_at is None
+        failed = status.code != 0 or (agent.stop_reason is not None and not ended_first)
         recent = 0
         if wants and failed and not run.continue_requested:
             # Persisted with the task (wall clock): a restart does not reset the flap count.
@@ -245,6 +251,7 @@ class Finisher:
             max_sessions=task.max_sessions,
             recent_failures=recent,
             flap_limit=self.settings.scheduler.flap_failures,
+            ended_first=ended_first,
         )
 
     async def _commit(self, agent: Agent, message: str) -> bool:
@@ -281,15 +288,7 @@ class Finisher:
                 Path(agent.worktree_path), f"gridd: {task.id}: {task.title}", base=base
             )
             agent = self._settle(agent, *ended)
-            move_task(
-                self.state,
-                task.id,
-                TaskStatus.REVIEW,
-                reason="agent completed",
-                changed_files=changed,
-                error=None,
-                summary=None,
-            )
+            kept = self._to_review(task.id, changed)
             self.bus.publish(
                 "agent.completed",
                 {
@@ -299,11 +298,16 @@ class Finisher:
                     "branch": task.branch,
                     "costUsd": agent.cost_usd,
                     "summary": facts.summary[-1000:] or None,
+                    "keptBranch": kept,
                 },
             )
         elif isinstance(outcome, Continue):
-            await self._commit(agent, f"gridd: {task.id}: session {task.sessions} (continuing)")
-            self._settle(agent, *ended)
+            committed = await self._commit(
+                agent, f"gridd: {task.id}: session {task.sessions} (continuing)"
+            )
+            agent = self._settle(agent, *ended)
+            if self._overtaken(agent, task.id, facts, committed):
+                return
             move_task(
                 self.state,
                 task.id,
@@ -321,8 +325,12 @@ class Finisher:
                 },
             )
         elif isinstance(outcome, RateLimit):
-            await self._commit(agent, f"gridd: {task.id}: work in progress (rate limited)")
-            self._settle(agent, *ended)
+            committed = await self._commit(
+                agent, f"gridd: {task.id}: work in progress (rate limited)"
+            )
+            agent = self._settle(agent, *ended)
+            if self._overtaken(agent, task.id, facts, committed):
+                return
             # The exact reset plus a small margin (the provider's clock and ours differ a
             # little); without a reset time, the configured backoff.
             until = (
@@ -365,8 +373,12 @@ class Finisher:
     ) -> None:
         error = outcome.error
         failure_file = self._write_failure(agent, task, facts, error)
-        await self._commit(agent, f"gridd: {task.id}: work of failed attempt {task.attempts}")
-        self._settle(agent, *ended)
+        committed = await self._commit(
+            agent, f"gridd: {task.id}: work of failed attempt {task.attempts}"
+        )
+        agent = self._settle(agent, *ended)
+        if self._overtaken(agent, task.id, facts, committed):
+            return
         self.bus.publish(
             "agent.failed",
             {
@@ -396,6 +408,55 @@ class Finisher:
             )
         else:
             move_task(self.state, task.id, TaskStatus.BLOCKED, reason="needs a human", error=error)
+
+    def _to_review(self, task_id: str, changed: list[str]) -> str | None:
+        """A completed run's result goes to its task: ``review``, also when a stop or kill
+        came in after the run had ended (the task is ``ready`` or ``blocked`` by then: the
+        stop found nothing left to stop). A task cancelled meanwhile stays cancelled (it is
+        terminal): the work stays on its branch, which the task names as ``keptBranch``.
+        Returns that kept branch, or None when the task took the result."""
+        task = self.state.tasks.get(task_id)
+        if task is None:
+            return None
+        if task.status in _TAKES_RESULT:
+            reason = "agent completed"
+            if task.status != TaskStatus.WORKING:
+                reason = f"agent completed before the stop reached it ({task.status_reason})"
+            move_task(
+                self.state,
+                task_id,
+                TaskStatus.REVIEW,
+                reason=reason,
+                changed_files=changed,
+                error=None,
+                summary=None,
+            )
+            return None
+        self.state.update_task(task_id, kept_branch=task.branch, changed_files=changed)
+        log.info(
+            "task %s is %s; its completed work is kept on %s", task_id, task.status, task.branch
+        )
+        return task.branch
+
+    def _overtaken(self, agent: Agent, task_id: str, facts: RunFacts, committed: bool) -> bool:
+        """A stop, kill or cancel came in while this run's work was being committed: the
+        run's own outcome (continue, retry, fail, rate limit) no longer applies. The task
+        stays where that request put it, as if it had come before the run ended
+        (``agent.stopped``). False while the task still wants the outcome."""
+        task = self.state.tasks.get(task_id)
+        if task is not None and task.status == TaskStatus.WORKING:
+            return False
+        self.bus.publish(
+            "agent.stopped",
+            {
+                "agentId": agent.id,
+                "taskId": task_id,
+                "reason": agent.stop_reason or (task.status_reason if task else None) or "stopped",
+                "exitCode": facts.code,
+                "committedWork": committed,
+            },
+        )
+        return True
 
     def _write_failure(self, agent: Agent, task: Task, facts: RunFacts, error: str) -> Path:
         """What the next attempt should know (``GRID_PREVIOUS_FAILURE``)."""

@@ -16,12 +16,12 @@ ask ``task_can_move`` first and answer with their own 409.
 The tables (read a row as "from this status, a task may move to ...")::
 
     pending       -> ready, blocked, working, cancelled
-    ready         -> pending, blocked, working, cancelled
+    ready         -> pending, blocked, working, review, cancelled
     working       -> ready, review, failed, blocked, cancelled, rate_limited
     review        -> merging, done, ready, working, blocked, failed, cancelled
     merging       -> done, review, working, failed, cancelled
     rate_limited  -> ready, working, cancelled
-    blocked       -> pending, ready, working, cancelled
+    blocked       -> pending, ready, working, review, cancelled
     failed        -> working, cancelled
     done          -> (terminal)
     cancelled     -> (terminal)
@@ -34,6 +34,11 @@ The tables (read a row as "from this status, a task may move to ...")::
 
 Staying in the same status is always allowed (a move that only updates fields and the
 reason).
+
+``ready -> review`` and ``blocked -> review`` are one case: a run that completed before the
+stop (``ready``) or kill (``blocked``) of its task reached it keeps its result
+(``finish.py``). A cancel that comes after a completed run keeps the task ``cancelled``
+(terminal); its work stays on the task's branch, named as ``keptBranch``.
 """
 
 from __future__ import annotations
@@ -58,15 +63,17 @@ A = AgentStatus
 
 #: The task state machine. ``merging`` belongs to the merge queue: approved, queued or being
 #: merged; it ends ``done`` (merged), back in ``review`` (conflict or failed check), back to
-#: ``working`` (its agent fixes it) or ``failed``.
+#: ``working`` (its agent fixes it) or ``failed``. Only a finished run moves a task to
+#: ``review``: from ``working``, or from ``ready``/``blocked`` when a stop or kill came after the
+#: run had completed (the result is kept, never thrown away).
 TASK_TRANSITIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = {
     T.PENDING: frozenset({T.READY, T.BLOCKED, T.WORKING, T.CANCELLED}),
-    T.READY: frozenset({T.PENDING, T.BLOCKED, T.WORKING, T.CANCELLED}),
+    T.READY: frozenset({T.PENDING, T.BLOCKED, T.WORKING, T.REVIEW, T.CANCELLED}),
     T.WORKING: frozenset({T.READY, T.REVIEW, T.FAILED, T.BLOCKED, T.CANCELLED, T.RATE_LIMITED}),
     T.REVIEW: frozenset({T.MERGING, T.DONE, T.READY, T.WORKING, T.BLOCKED, T.FAILED, T.CANCELLED}),
     T.MERGING: frozenset({T.DONE, T.REVIEW, T.WORKING, T.FAILED, T.CANCELLED}),
     T.RATE_LIMITED: frozenset({T.READY, T.WORKING, T.CANCELLED}),
-    T.BLOCKED: frozenset({T.PENDING, T.READY, T.WORKING, T.CANCELLED}),
+    T.BLOCKED: frozenset({T.PENDING, T.READY, T.WORKING, T.REVIEW, T.CANCELLED}),
     T.FAILED: frozenset({T.WORKING, T.CANCELLED}),
     T.DONE: frozenset(),
     T.CANCELLED: frozenset(),

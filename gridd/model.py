@@ -86,6 +86,9 @@ class Task(WireModel):
     merge_commit: str | None = None  # the feature branch commit that holds its work
     merged_into: str | None = None  # the feature branch it was merged into (set when done)
     merge_conflict: list[str] = Field(default_factory=list)  # files its last merge conflicted on
+    # A run that completed before a cancel reached it: its work, kept on this branch (the
+    # task's own), never merged or deleted. None otherwise (a completed run goes to review).
+    kept_branch: str | None = None
 
 
 class AgentStatus(StrEnum):
@@ -137,6 +140,11 @@ class Agent(WireModel):
     # Started while its task's claim (beads) was still with the source: a daemon that dies
     # before the answer asks again when it reattaches the run (``pool.spawning``).
     claim_pending: bool = False
+    # When gridd first sent the running agent a signal it handles itself (a stop's SIGTERM
+    # it catches): an exit after that may be the stop's doing. None: nothing of gridd's
+    # could make it exit with a code of its own, so an exit 0 is its own completion, even
+    # with a stop asked for meanwhile (``pool/stopping.py``, ``outcome.decide``).
+    signalled_at: datetime | None = None
 
 
 class QuestionStatus(StrEnum):

@@ -40,6 +40,10 @@ class RunFacts:
     max_sessions: int = 5
     recent_failures: int = 0  # failures of this task within the flapping window, this one too
     flap_limit: int = 5
+    #: Nothing of gridd's (a stop, kill or timeout) reached the running agent: it ended on its
+    #: own, even if a stop was asked for (or its task moved on) after that. A run that
+    #: completed first keeps its result.
+    ended_first: bool = False
 
     @property
     def code(self) -> int:
@@ -103,7 +107,26 @@ def describe_exit(facts: RunFacts) -> str:
     return f"exited with code {facts.code}"
 
 
+def succeeded(facts: RunFacts) -> bool:
+    """The run's own verdict, whatever gridd wanted of it: it did its work and asked for
+    nothing more (no continuation, no rate limit, no launch failure)."""
+    if facts.launch_failed or facts.rate_limited:
+        return False
+    if facts.exit_code in EXEC_FAILED and facts.error:
+        return False
+    if facts.continue_requested or facts.exit_code == EX_TEMPFAIL:
+        return False
+    if facts.session_ended and facts.result_ok is True:
+        return True
+    return facts.exit_code == 0 and facts.result_ok is not False
+
+
 def decide(facts: RunFacts) -> Outcome:
+    if facts.ended_first and succeeded(facts):
+        # Completed before any stop reached it: a stop, kill or cancel that came after the
+        # run's end changes nothing about how it ended. Its result is kept (``review``, or
+        # on a kept branch when the task was cancelled meanwhile).
+        return Completed()
     if not facts.task_wants_run:
         return Stopped(facts.stop_reason or "stopped")
     if facts.launch_failed:

@@ -76,13 +76,29 @@ def test_the_merge_queue_and_the_scheduler_moves_are_legal(
         (T.DONE, T.WORKING),
         (T.CANCELLED, T.READY),
         (T.PENDING, T.DONE),  # nothing is done without review
-        (T.READY, T.REVIEW),  # review needs an agent's run
+        (T.PENDING, T.REVIEW),  # review needs an agent's run
+        (T.RATE_LIMITED, T.REVIEW),  # a parked task has no run to finish
+        (T.CANCELLED, T.REVIEW),  # a cancel after a completed run keeps it cancelled
         (T.FAILED, T.DONE),
         (T.MERGING, T.READY),
     ],
 )
 def test_moves_that_would_skip_a_step_are_illegal(current: TaskStatus, target: TaskStatus) -> None:
     assert not task_can_move(current, target)
+
+
+def test_a_completed_run_reaches_review_from_where_a_stop_or_kill_that_came_later_left_it() -> None:
+    # The agent exited 0; then a stop (task ready), session stop (ready) or kill (blocked)
+    # came in before its finish moved the task: the run's result still goes to review.
+    assert task_can_move(T.READY, T.REVIEW)
+    assert task_can_move(T.BLOCKED, T.REVIEW)
+    # Those are the only new ways in: review is reached by a run's finish (working, or
+    # ready/blocked after such a race) or by the merge queue sending a task back.
+    into_review = {s for s, targets in TASK_TRANSITIONS.items() if T.REVIEW in targets}
+    assert into_review == {T.WORKING, T.READY, T.BLOCKED, T.MERGING}
+    # A cancel that came later leaves the task cancelled (terminal): the finish keeps the
+    # result on the task's branch (keptBranch) instead.
+    assert not task_can_move(T.CANCELLED, T.REVIEW)
 
 
 def test_staying_in_a_status_is_always_allowed() -> None:

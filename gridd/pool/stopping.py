@@ -15,11 +15,15 @@ import time
 
 from gridd.agents.executor import AgentHandle
 from gridd.agents.watch import RunWatch
+from gridd.errors import StoreError
 from gridd.lifecycle import move_agent
-from gridd.model import AgentStatus
+from gridd.model import AgentStatus, utcnow
 from gridd.pool.context import PoolContext
 
 log = logging.getLogger(__name__)
+
+#: The lines of ``/proc/<pid>/status`` naming the signals a process ignores and catches.
+_MASKS = ("SigIgn:", "SigCgt:")
 
 
 class Stopper:
@@ -47,10 +51,9 @@ class Stopper:
         handle = self.ctx.roster.handles.get(agent_id)
         if handle is None:
             return
+        self._signal(agent_id, handle, signal.SIGKILL if force else signal.SIGTERM)
         if force:
-            handle.signal(signal.SIGKILL)
             return
-        handle.signal(signal.SIGTERM)
         grace = self.ctx.settings.scheduler.stop_grace_seconds
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
@@ -59,7 +62,24 @@ class Stopper:
                 return
             await asyncio.sleep(0.05)
         log.warning("agent %s ignored SIGTERM for %.0fs; killing", agent_id, grace)
-        handle.signal(signal.SIGKILL)
+        self._signal(agent_id, handle, signal.SIGKILL)
+
+    def _signal(self, agent_id: str, handle: AgentHandle, sig: signal.Signals) -> None:
+        """Signal the agent's group, noting (``signalledAt``, once) when the signal could be
+        why the agent exits with a code of its own: it still ran and handles that signal
+        itself. A signal it does not handle ends it by that signal, never with exit 0; so
+        an exit 0 without ``signalledAt`` is the run's own completion, however close a stop
+        came (``outcome.decide``)."""
+        state = self.ctx.state
+        agent = state.agents.get(agent_id)
+        noted = agent is not None and agent.signalled_at is not None
+        first = not noted and handle.alive() and _may_handle(handle.pid, sig)
+        handle.signal(sig)
+        if first:
+            try:
+                state.update_agent(agent_id, signalled_at=utcnow())
+            except StoreError:  # a full disk must not hold up the stop: remembered here
+                state.update_agent(agent_id, persist=False, signalled_at=utcnow())
 
     # -- ending a conversation ------------------------------------------------------------------
 
@@ -88,3 +108,19 @@ class Stopper:
                 if handle.exit_status() is not None or not handle.group_alive():
                     return
                 await asyncio.sleep(0.02)
+
+
+def _may_handle(pid: int | None, sig: signal.Signals) -> bool:
+    """Whether process ``pid`` catches or ignores ``sig`` (Linux's ``SigCgt``/``SigIgn``), so
+    that it may go on, or exit with a code of its own, after receiving it. SIGKILL never;
+    where the masks cannot be read (another OS, the process gone), assume it may."""
+    if sig == signal.SIGKILL:
+        return False
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            masks = [int(line.split()[1], 16) for line in fh if line.startswith(_MASKS)]
+    except (OSError, ValueError, IndexError):
+        return True
+    if len(masks) != len(_MASKS):
+        return True
+    return any(mask & (1 << (sig - 1)) for mask in masks)

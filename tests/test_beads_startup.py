@@ -5,6 +5,7 @@ failing bd is served through, with ``/health`` saying beads is degraded."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,18 @@ def _health_or_none(c: GridClient) -> dict[str, object] | None:
     except DaemonUnreachable:
         return None
     return health
+
+
+def test_a_bd_that_never_answers_delays_serving_only_for_the_bounded_wait(repo: Path) -> None:
+    setup_beads(repo, [bead("bd-1")], extra=STEP_MODE)  # waits beads.first_sync_seconds, 3 s
+    hang = Path(repo / ".beads" / "hang.py")
+    hang.write_text("import time\ntime.sleep(120)\n")
+    config = repo / ".grid" / "config.toml"
+    text = config.read_text()
+    start = text.index("command = ")
+    end = text.index("\n", start)
+    config.write_text(text[:start] + f'command = ["{sys.executable}", "{hang}"]' + text[end:])
+    with running_daemon(repo) as daemon:  # answers /health 200 within the helper's 15 s
+        health = daemon.client().get("/health")
+        assert health["status"] == "degraded" and "beads" in health["degraded"]
+        assert "beads: the first 'bd ready' has not answered yet" in health["warnings"]

@@ -7,6 +7,7 @@ on."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import subprocess
 import threading
@@ -289,3 +290,53 @@ def filter_processes(script: Path) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
+
+
+# -- the landing itself -------------------------------------------------------------------------
+
+
+def test_a_branch_being_rebased_in_a_linked_worktree_counts_as_checked_out(repo: Path) -> None:
+    from gridd.git.landing import Held, Landed, Landing
+
+    other = repo.parent / (repo.name + "-rebasing")
+    git(repo, "checkout", "-q", "-b", "feature/rb")
+    (repo / "a.txt").write_text("feature\n")
+    git(repo, "add", "a.txt")
+    git(repo, "commit", "-qm", "feature side")
+    git(repo, "checkout", "-q", "main")
+    (repo / "a.txt").write_text("main\n")
+    git(repo, "add", "a.txt")
+    git(repo, "commit", "-qm", "main side")
+    old = git(repo, "rev-parse", "feature/rb").strip()
+    new = git(repo, "commit-tree", f"{old}^{{tree}}", "-p", old, "-m", "merged").strip()
+    git(repo, "worktree", "add", "-q", str(other), "feature/rb")
+    try:
+        # the rebase stops on the conflict: HEAD is detached, the branch is still being worked on
+        assert run_git(other, "rebase", "main").returncode != 0
+        landing = Landing(repo, own=(repo / ".grid",), git_timeout=30)
+
+        def land() -> Landed | Held:
+            # an index written in the last half second is busy: asked again until quiet
+            outcome = wait_for(
+                lambda: (
+                    (found := asyncio.run(landing.land("feature/rb", new=new, old=old)))
+                    and not (isinstance(found, Held) and found.reason == "busy")
+                    and found
+                ),
+                timeout=10,
+            )
+            assert isinstance(outcome, Landed | Held)
+            return outcome
+
+        held = land()
+        assert isinstance(held, Held) and held.reason == "checked_out"
+        assert held.worktree == str(other)
+        assert git(repo, "rev-parse", "feature/rb").strip() == old
+        git(other, "rebase", "--abort")
+        git(other, "checkout", "-q", "--detach")
+        assert isinstance(land(), Landed)
+        assert git(repo, "rev-parse", "feature/rb").strip() == new
+        assert not (repo / ".git" / "index.lock").exists()
+        assert not (repo / ".git" / "HEAD.lock").exists()
+    finally:
+        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(other)])

@@ -229,12 +229,13 @@ class Landing:
                         return Held(
                             tree.path, "busy", f"a git command runs in {tree.path} ({name})"
                         )
-            now = time.time()
             for tree in trees:
                 if holds(tree.gitdir, branch):
                     return Held(
                         tree.path, "checked_out", f"{branch!r} is checked out in {tree.path}"
                     )
+            now = time.time()
+            for tree in trees:
                 if not tree.ours and _recently_written(tree.gitdir / "index", now):
                     return Held(tree.path, "busy", f"{tree.path}'s index was just written")
             if not await self._swap(ref, new, old):

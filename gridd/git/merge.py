@@ -369,6 +369,15 @@ class MergeQueue:
         if task is None or feature is None or task.status != TaskStatus.DONE:
             return
         try:
-            await self.policy.teardown(task, feature)
+            # Its git (a status in the task's worktree runs the clean filters) is bounded too:
+            # a filter that hangs must not stall the queue after a merge either.
+            async with asyncio.timeout(self.timeout):
+                await self.policy.teardown(task, feature)
         except GriddError as exc:  # the work is merged; a worktree left behind is harmless
             log.warning("tearing down %s: %s", task_id, exc.message)
+        except TimeoutError:
+            log.warning(
+                "tearing down %s: git did not finish within %g s; its worktree is left",
+                task_id,
+                self.timeout,
+            )

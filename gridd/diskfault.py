@@ -19,11 +19,17 @@ says so in one line instead of starting into errors.
 from __future__ import annotations
 
 import errno
+import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
-from gridd.errors import DISK_CODES, StoreError
+from gridd.errors import DISK_CODES, GriddError, StoreError
 
+log = logging.getLogger(__name__)
+
+#: The name ``/health`` and the ``daemon.degraded`` event give a ``.grid/`` refusing writes.
+DISK_PART = "disk"
 #: Free bytes ``.grid/`` must have before a disk that was full is called writable again.
 PROBE_MARGIN_BYTES = 1024 * 1024
 #: What a write of this many bytes (synced) must get through for the probe to pass.
@@ -44,7 +50,8 @@ _NOT_WRITABLE = (errno.EACCES, errno.EPERM)
 
 def refused(exc: BaseException | None) -> int | None:
     """The errno of a disk refusing writes found in ``exc`` or what caused it, else None.
-    A ``StoreError`` with a disk code counts (SQLite does not keep the errno)."""
+    A ``StoreError`` with a disk code counts (SQLite does not keep the errno), and so does
+    a ``GriddError`` quoting the system's words for one (git's stderr, say)."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -52,6 +59,10 @@ def refused(exc: BaseException | None) -> int | None:
             return exc.errno
         if isinstance(exc, StoreError) and exc.code in DISK_CODES:
             return errno.ENOSPC if exc.code == "disk_full" else errno.EROFS
+        if isinstance(exc, GriddError):
+            quoted = next((n for n in _REFUSALS if os.strerror(n) in exc.message), None)
+            if quoted is not None:
+                return quoted
         exc = exc.__cause__ or exc.__context__
     return None
 
@@ -92,3 +103,57 @@ def refusal(grid_dir: Path) -> str | None:
     if why is None:
         return None
     return f"cannot start: {why}; free some space (or make it writable) and start again"
+
+
+class DiskFault:
+    """Whether ``.grid/`` takes writes, as the daemon last found out."""
+
+    def __init__(
+        self,
+        grid_dir: Path,
+        *,
+        announce: Callable[[str, dict[str, object]], None] = lambda kind, data: None,
+    ) -> None:
+        self.grid_dir = grid_dir
+        #: Why writes are refused, or None while they are taken.
+        self.reason: str | None = None
+        self._announce = announce
+        self._cleared: list[Callable[[], None]] = []
+
+    def on_clear(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` whenever the fault clears (the scheduler wakes to start again)."""
+        self._cleared.append(callback)
+
+    def note(self, exc: BaseException | None) -> str | None:
+        """A write failed with ``exc``: if the disk refused it (named by the error, or
+        confirmed by a probe now), the fault is on. Returns its reason, or None when the
+        failure is not the disk's."""
+        if self.reason is not None:
+            return self.reason
+        code = refused(exc)
+        why = f"the disk holding {self.grid_dir} {_REFUSALS[code]}" if code else None
+        why = why or probe(self.grid_dir, margin=0)
+        if why is not None:
+            self._set(why)
+        return why
+
+    def _set(self, why: str) -> None:
+        self.reason = why
+        log.error("%s: starts are paused until it takes writes again", why)
+        self._announce(
+            "daemon.degraded", {"part": DISK_PART, "state": "down", "core": False, "error": why}
+        )
+
+    def watch(self) -> None:
+        """Probe a disk that refused writes; clear the fault once it takes them again."""
+        if self.reason is None:
+            return
+        why = probe(self.grid_dir)
+        if why is not None:
+            self.reason = why
+            return
+        self.reason = None
+        log.warning("%s takes writes again: starts resume", self.grid_dir)
+        self._announce("daemon.recovered", {"part": DISK_PART})
+        for callback in self._cleared:
+            callback()

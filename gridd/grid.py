@@ -20,6 +20,7 @@ from gridd.agents.executor import Executor
 from gridd.agents.local import LocalExecutor
 from gridd.background import Background
 from gridd.dbguard import Problem
+from gridd.diskfault import DISK_PART, DiskFault
 from gridd.errors import GriddError
 from gridd.events import EventBus
 from gridd.finish import Finisher
@@ -87,6 +88,8 @@ class Grid:
         self.supervisor.announce = self._announce
         self._store_degraded = False
         self._beads_on = False  # known at start: whether beads feeds tasks
+        #: Whether ``.grid/`` takes writes (a full or read-only disk pauses starts).
+        self.disk = DiskFault(workspace.grid_dir, announce=self.supervisor.announce_safely)
         self.started_at = utcnow()
         self._started_mono = time.monotonic()
         self.warnings: list[str] = []
@@ -111,6 +114,7 @@ class Grid:
             questions=self.questions,
             executor=self.executor,
             environ=os.environ,
+            disk=self.disk,
         )
         self.finisher = Finisher(
             settings=settings,
@@ -130,6 +134,7 @@ class Grid:
             bus=self.bus,
             pool=self.pool,
             background=self.background,
+            disk=self.disk,
         )
         self.beads = BeadsSource(
             workspace=workspace,
@@ -326,11 +331,14 @@ class Grid:
             if problem is not None:
                 self._store_problem(problem)
             self._watch_writes()
+            self.disk.watch()
 
     def _watch_writes(self) -> None:
         """``store`` is degraded from a write refused by a full or read-only disk until a
         probe write commits again (so the daemon recovers with no request to prompt it)."""
         error = self.store.write_error
+        if error is not None:
+            self.disk.note(error)  # the same disk: starts pause until it takes writes
         if error is not None and not self._store_degraded:
             self._store_degraded = True
             log.error("state database cannot be written: %s", error.message)
@@ -369,6 +377,7 @@ class Grid:
             self.store.write_error,
             self.store.slow_reason(),
             self.beads.problem() if self._beads_on else None,
+            self.disk.reason,
         )
 
     def health(self) -> Health:
@@ -393,6 +402,9 @@ class Grid:
         if source is not None:  # a task source out of step: served, but said
             degraded = sorted([*degraded, BEADS])
             warnings.append(source)
+        if self.disk.reason is not None:
+            degraded = sorted({*degraded, DISK_PART})
+            warnings.append(f"{self.disk.reason}: starts are paused until it takes writes")
         # Built without validation: every field is ours and typed (a tenth of a /health).
         return Health.model_construct(
             status="degraded" if warnings or degraded else "ok",

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 
 from gridd.background import Background
+from gridd.diskfault import DiskFault
 from gridd.events import EventBus
 from gridd.lifecycle import Move, intend_stop, move_task, move_tasks
 from gridd.model import SessionState, TaskStatus, utcnow
@@ -75,6 +76,7 @@ class Scheduler:
         bus: EventBus,
         pool: AgentPool,
         background: Background,
+        disk: DiskFault,
     ) -> None:
         self.ws = workspace
         self.settings = settings
@@ -98,7 +100,10 @@ class Scheduler:
         self._launched: list[asyncio.Task[object]] = []
         #: A stopping daemon's scheduler starts nothing more (``close``).
         self.closed = False
+        #: While ``.grid/`` refuses writes no pass starts anything (``diskfault.py``).
+        self.disk = disk
         state.on_change(self.wake)
+        disk.on_clear(self.wake)
 
     def close(self) -> None:
         """The daemon is stopping: from now on no pass runs, so no agent starts between
@@ -232,6 +237,7 @@ class Scheduler:
             expired,
             tuple(agent_id for _, agent_id in deadlines[:overdue]),
             resume_due,
+            self.disk.reason is None,
         )
 
     async def step(self) -> list[Action]:
@@ -263,6 +269,9 @@ class Scheduler:
         ]
         self._next_resume = min(resumes) if resumes else None
         actions = plan(observed)
+        if self.disk.reason is not None:
+            # Each start would fail on the disk and be put back: none until it takes writes.
+            actions = [a for a in actions if not isinstance(a, StartTask)]
         status_updates: dict[str, Move] = {}
         for action in actions:
             if isinstance(action, StopSession):

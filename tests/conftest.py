@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,3 +44,31 @@ def ws(repo: Path) -> Iterator[Path]:
         yield repo
     finally:
         stop_workspace(repo)
+
+
+def mount_tmpfs(path: Path, size: str) -> bool:
+    if os.geteuid() != 0:
+        return False
+    path.mkdir(mode=0o700, exist_ok=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+        capture_output=True,
+        check=False,
+    )
+    return proc.returncode == 0
+
+
+@pytest.fixture
+def small_disk_repo() -> Iterator[Path]:
+    """A repository whose ``.grid`` is a 24 MiB tmpfs, to fill or make read-only (root
+    only; skipped otherwise)."""
+    root = make_repo()
+    grid = root / ".grid"
+    if not mount_tmpfs(grid, "24m"):
+        remove_repo(root)
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        yield root
+    finally:
+        subprocess.run(["umount", "-l", str(grid)], check=False)
+        remove_repo(root)

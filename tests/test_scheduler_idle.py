@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+from gridd.diskfault import DiskFault
 from gridd.scheduler import Scheduler
 from gridd.settings import AgentProfile, Settings
 
@@ -47,6 +48,7 @@ def _scheduler(tmp_path: Path, n: int) -> tuple[Scheduler, _State, Any]:
         bus=cast(Any, None),
         pool=cast(Any, pool),
         background=cast(Any, None),
+        disk=DiskFault(tmp_path),
     )
     return scheduler, state, pool
 

@@ -76,6 +76,26 @@ def _write_json(path: str, data: dict[str, object], *, durable: bool) -> None:
     os.replace(tmp, path)
 
 
+#: A disk that refuses writes (full, read-only): the shim waits for it, it never gives up.
+_DISK_REFUSALS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+def _write_exit(run_dir: str, data: dict[str, object]) -> None:
+    """Write ``exit.json``, waiting out a disk that refuses it: a shim that died of a full
+    or read-only disk would leave the run's end unknown (the daemon could only call it a
+    dead supervisor), when all it takes is to say it once the disk takes writes again."""
+    pause = 0.2
+    while True:
+        try:
+            _write_json(os.path.join(run_dir, "exit.json"), data, durable=True)
+            return
+        except OSError as exc:
+            if exc.errno not in _DISK_REFUSALS:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 5.0)
+
+
 def _grow_pipe(fd: int) -> None:
     """Room for a whole answer (a permission reply echoes the tool's input) in one write."""
     size_op = getattr(fcntl, "F_SETPIPE_SZ", None)
@@ -471,10 +491,9 @@ def _run(run_dir: str) -> int:
         pid = _spawn(spec, stdin, out)
     except OSError as exc:
         os.write(out, f"gridd: cannot start agent: {exc}\n".encode())
-        _write_json(
-            os.path.join(run_dir, "exit.json"),
+        _write_exit(
+            run_dir,
             {"exitCode": 127, "signal": None, "error": str(exc), "endedAt": time.time()},
-            durable=True,
         )
         return 0
     os.close(out)
@@ -504,14 +523,13 @@ def _run(run_dir: str) -> int:
         None if contained else pid
     )  # before exit.json: nothing of the run writes after it says it ended
     try:
-        _write_json(
-            os.path.join(run_dir, "exit.json"),
+        _write_exit(
+            run_dir,
             {
                 "exitCode": code if code >= 0 else None,
                 "signal": -code if code < 0 else None,
                 "endedAt": time.time(),
             },
-            durable=True,
         )
     except OSError:
         if watch is None or watch.present():

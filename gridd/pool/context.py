@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from gridd.agents.executor import Executor
 from gridd.background import Background
+from gridd.diskfault import DiskFault
 from gridd.events import EventBus
 from gridd.liveness import Limits
 from gridd.model import Agent
@@ -32,6 +33,8 @@ class PoolContext:
     questions: QuestionBook
     executor: Executor
     roster: Roster
+    #: Whether ``.grid/`` takes writes: a start failed by the disk is not the task's.
+    disk: DiskFault
 
     def limits(self, agent: Agent) -> Limits:
         """The agent's health limits: its profile's, else the scheduler's defaults."""

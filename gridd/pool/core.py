@@ -23,6 +23,7 @@ from gridd.agents.executor import Executor
 from gridd.agents.output import OutputLog
 from gridd.agents.wakeups import Wakeups
 from gridd.background import Background
+from gridd.diskfault import DiskFault
 from gridd.events import EventBus
 from gridd.model import Agent, Question
 from gridd.pool.context import PoolContext
@@ -53,6 +54,7 @@ class AgentPool:
         questions: QuestionBook,
         executor: Executor,
         environ: Mapping[str, str],
+        disk: DiskFault,
     ) -> None:
         self.settings = settings
         self.state = state
@@ -70,6 +72,7 @@ class AgentPool:
             questions=questions,
             executor=executor,
             roster=self.roster,
+            disk=disk,
         )
         watch = settings.watch
         self.wakeups = Wakeups(

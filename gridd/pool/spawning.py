@@ -98,18 +98,33 @@ class Spawner:
         self.ctx.roster.starting.add(task_id)
         try:
             await self._start(task_id, profile_name)
-        except SpawnFailed as exc:
-            self._start_failed(task_id, exc.message, agent_id=exc.agent_id, counted=exc.counted)
-        except GriddError as exc:
-            self._start_failed(task_id, exc.message)
-        except OSError as exc:
-            self._start_failed(task_id, describe(exc))
         except Exception as exc:  # a bug still fails the attempt: never left `working`
-            log.exception("starting task %s failed unexpectedly", task_id)
-            self._start_failed(task_id, f"{type(exc).__name__}: {exc}")
+            self._failed(task_id, exc)
         finally:
             self.ctx.roster.starting.discard(task_id)
             self.ctx.state.flush()
+
+    def _failed(self, task_id: str, exc: Exception) -> None:
+        """A start failed with ``exc``: the attempt fails, unless the disk under ``.grid/``
+        refused a write (then the start is paused, and no attempt is spent on it)."""
+        agent_id, counted = None, False
+        if isinstance(exc, SpawnFailed):
+            message, agent_id, counted = exc.message, exc.agent_id, exc.counted
+        elif isinstance(exc, GriddError):
+            message = exc.message
+        elif isinstance(exc, OSError):
+            message = describe(exc)
+        else:
+            log.exception("starting task %s failed unexpectedly", task_id, exc_info=exc)
+            message = f"{type(exc).__name__}: {exc}"
+        fault = self.ctx.disk.note(exc)
+        if fault is None:
+            self._start_failed(task_id, message, agent_id=agent_id, counted=counted)
+            return
+        try:
+            self._start_paused(task_id, message, fault, agent_id=agent_id, counted=counted)
+        except GriddError as again:  # the store is on that disk too: nothing was counted
+            log.error("could not record the paused start of %s: %s", task_id, again.message)
 
     async def _start(self, task_id: str, profile_name: str) -> None:
         profile = self.ctx.profiles.get(profile_name)
@@ -377,10 +392,7 @@ class Spawner:
             return
         log.warning("could not start task %s: %s", task_id, message)
         attempts = task.attempts if counted else task.attempts + 1
-        event: dict[str, object] = {"taskId": task_id, "error": message, "attempt": attempts}
-        if agent_id is not None:
-            event["agentId"] = agent_id
-        self.ctx.bus.publish("task.start_failed", event)
+        self._tell_failed(task_id, message, attempts, counted=True, agent_id=agent_id)
         if task.status != TaskStatus.WORKING:
             return
         if attempts >= task.max_attempts:
@@ -403,6 +415,40 @@ class Spawner:
                 error=message,
                 backoff_until=until,
             )
+
+    def _start_paused(
+        self,
+        task_id: str,
+        message: str,
+        fault: str,
+        *,
+        agent_id: str | None,
+        counted: bool,
+    ) -> None:
+        """The start met a disk that refuses writes: not the task's failure, so not its
+        attempt (``counted``: already added, taken back). A ``working`` task stays so and
+        starts again once the disk takes writes; the scheduler starts nothing meanwhile."""
+        task = self.ctx.state.tasks.get(task_id)
+        if task is None:
+            return
+        log.warning("could not start task %s: %s; not counted, as %s", task_id, message, fault)
+        attempts = task.attempts - 1 if counted else task.attempts
+        self._tell_failed(task_id, message, attempts, counted=False, agent_id=agent_id)
+        if task.status == TaskStatus.WORKING:
+            self.ctx.state.update_task(task_id, attempts=attempts, error=f"start paused: {fault}")
+
+    def _tell_failed(
+        self, task_id: str, message: str, attempts: int, *, counted: bool, agent_id: str | None
+    ) -> None:
+        event: dict[str, object] = {
+            "taskId": task_id,
+            "error": message,
+            "attempt": attempts,
+            "counted": counted,
+        }
+        if agent_id is not None:
+            event["agentId"] = agent_id
+        self.ctx.bus.publish("task.start_failed", event)
 
     def _task_agents(self, task_id: str) -> list[Agent]:
         agents = [a for a in self.ctx.state.agents.values() if a.task_id == task_id]

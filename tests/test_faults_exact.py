@@ -1,0 +1,93 @@
+"""Faults slower or stranger than a kill are seen and reported, never spent (issue 30).
+
+A ``.grid/`` that stops taking writes for a while pauses starts without counting any
+attempt, says so on ``/health``, keeps running agents' results, and resumes by itself.
+Real daemons, real agents, a real tmpfs (root only; skipped otherwise).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.helpers import (
+    agent_command,
+    core_daemon,
+    event_log,
+    wait_for,
+    wait_task_status,
+    write_core_config,
+)
+
+#: How long ``.grid/`` stays read-only: longer than a few start retries and backoffs.
+READ_ONLY_SECONDS = 10.0
+
+
+@contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """``path`` read-only for everything that opens a file there from now on: a read-only
+    bind mount over it. (A file system with files open for writing cannot be remounted
+    read-only at all; the daemon's open state database keeps its descriptors, as it would
+    on a disk that turned read-only under it in any way the kernel allows.)"""
+    subprocess.run(["mount", "--bind", str(path), str(path)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(path)], check=True)
+        yield
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def test_a_read_only_grid_pauses_starts_without_counting_attempts_and_work_resumes(
+    small_disk_repo: Path, tmp_path: Path
+) -> None:
+    root = small_disk_repo
+    control = tmp_path / "control"
+    control.mkdir()
+    write_core_config(
+        root,
+        agents={"ticker": {"command": agent_command("ticker.py", str(control), "0.05")}},
+        scheduler={"default_agent": "ticker"},
+    )
+    with core_daemon(root) as daemon:
+        c = daemon.client()
+        c.post("/session/start", {"maxAgents": 4})
+        # One attempt each: a start the disk failed and that was counted fails the task.
+        running = c.post("/tasks", {"title": "running", "maxAttempts": 1})["id"]
+        wait_for(lambda: (control / f"{running}.pid").exists(), timeout=30)
+        with read_only(root / ".grid"):
+            started = time.monotonic()
+            later = [
+                c.post("/tasks", {"title": f"later {n}", "maxAttempts": 1})["id"] for n in range(3)
+            ]
+            (control / f"{running}.go").touch()  # it ends while nothing can be written
+            health = wait_for(
+                lambda: (h := c.get("/health"))["status"] == "degraded" and h,
+                timeout=10,
+                message="/health to say degraded",
+            )
+            assert "disk" in health["degraded"], health
+            assert any("read-only" in w for w in health["warnings"]), health
+            for task_id in (running, *later):
+                assert c.get(f"/tasks/{task_id}")["status"] in ("working", "ready")
+            time.sleep(max(0.0, READ_ONLY_SECONDS - (time.monotonic() - started)))
+            still = c.get("/health")
+            assert "disk" in still["degraded"], still
+        wait_for(lambda: c.get("/health")["status"] == "ok", timeout=20, message="/health ok")
+        for task_id in later:
+            wait_for(lambda t=task_id: (control / f"{t}.pid").exists(), timeout=30)
+            (control / f"{task_id}.go").touch()
+        for task_id in (running, *later):
+            task = wait_task_status(c, task_id, "review", timeout=30)
+            assert task["attempts"] == 1, task
+        log = event_log(c)
+    failed = [e.data for e in log if e.type == "task.start_failed"]
+    assert failed, "no start met the read-only disk: the test proves nothing"
+    assert all(f["counted"] is False for f in failed), failed
+    downs = [e.data for e in log if e.type == "daemon.degraded" and e.data["part"] == "disk"]
+    ups = [e.data for e in log if e.type == "daemon.recovered" and e.data["part"] == "disk"]
+    assert len(downs) == 1 and len(ups) == 1, (downs, ups)
+    warnings = [e.data for e in log if e.type == "agent.warning"]
+    assert not warnings, warnings

@@ -163,6 +163,15 @@ class Worktrees:
         self.root = root
         self.dir = worktrees_dir
         self._identity: tuple[str, ...] | None = None
+        #: One ``git worktree add`` at a time: two at once can fail on each other, as git
+        #: reads every worktree's ``commondir`` while another add is still writing its own
+        #: ("fatal: failed to read .git/worktrees/<name>/commondir: Success", git 2.39).
+        self._adding = asyncio.Lock()
+
+    async def add(self, *args: str, check: bool = True, timeout: float | None = None) -> GitResult:
+        """``git worktree add ARGS`` in the repository, one at a time."""
+        async with self._adding:
+            return await git(self.root, "worktree", "add", *args, check=check, timeout=timeout)
 
     async def setup(self) -> None:
         """Keep ``.grid/`` out of ``git status`` without touching tracked files."""
@@ -236,9 +245,7 @@ class Worktrees:
             base = await (self.ensure_branch(base_branch) if base_branch else self.head_commit())
             if path.exists() and not any(path.iterdir()):
                 path.rmdir()
-            res = await git(
-                self.root, "worktree", "add", "-b", branch, "--", str(path), base, check=False
-            )
+            res = await self.add("-b", branch, "--", str(path), base, check=False)
             if res.code == 0:
                 return Worktree(task_id, path, branch, base)
             if not await self.branch_exists(branch):
@@ -254,7 +261,7 @@ class Worktrees:
         base = known_base or await self.base_of(branch)
         if not (path / ".git").exists():
             await git(self.root, "worktree", "prune")
-            await git(self.root, "worktree", "add", "--", str(path), branch)
+            await self.add("--", str(path), branch)
         return Worktree(task_id, path, branch, base)
 
     async def _holds_nothing(self, path: Path, branch: str, base: str) -> bool:
@@ -274,7 +281,7 @@ class Worktrees:
         else:
             await git(self.root, "worktree", "prune")
             await git(self.root, "branch", "-f", "--", branch, base)
-            await git(self.root, "worktree", "add", "--", str(path), branch)
+            await self.add("--", str(path), branch)
         return True
 
     async def pristine(self, task_id: str, base_branch: str | None) -> Worktree | None:

@@ -72,7 +72,9 @@ class Integration:
             await self._git(self.root, "worktree", "prune")
             if self.path.exists() and not any(self.path.iterdir()):
                 self.path.rmdir()
-            await self._git(self.root, "worktree", "add", "--detach", "--", str(self.path), tip)
+            await self.worktrees.add(
+                "--detach", "--", str(self.path), tip, timeout=self.git_timeout
+            )
             self._untidy = False
             return
         gitdir = self._git_dir()

@@ -19,6 +19,8 @@ from gridd.agents.output import OutputLog
 from gridd.agents.watch import RunWatch
 from gridd.errors import GriddError
 from gridd.events import EventBus
+from gridd.git.integrity import own_worktree
+from gridd.git.unresolved import Unresolved
 from gridd.ids import kept_branch
 from gridd.lifecycle import move_agent, move_task
 from gridd.model import Agent, AgentStatus, Task, TaskStatus, utcnow
@@ -64,8 +66,10 @@ class Finisher:
         profiles: Mapping[str, AgentProfile],
         worktrees: Worktrees,
         questions: QuestionBook,
+        unresolved: Unresolved,
     ) -> None:
         self.settings = settings
+        self.unresolved = unresolved
         self.state = state
         self.bus = bus
         self.roster = roster
@@ -255,7 +259,9 @@ class Finisher:
         )
 
     async def _commit(self, agent: Agent, message: str) -> bool:
-        return await self.worktrees.commit_all(Path(agent.worktree_path), message)
+        path = Path(agent.worktree_path)
+        await own_worktree(self.worktrees.root, path)  # never commit in anyone else's checkout
+        return await self.worktrees.commit_all(path, message)
 
     async def _apply(
         self,
@@ -283,9 +289,18 @@ class Finisher:
                 },
             )
         elif isinstance(outcome, Completed):
+            path = Path(agent.worktree_path)
             base = task.base_commit or await self.worktrees.base_of(task.branch or "")
+            # git's own word before anything is committed: a conflict left in the worktree
+            # is neither committed nor reviewed (``git/unresolved.py`` says what next).
+            left = await self.unresolved.left_in(task, path, base)
+            if left:
+                agent = self._settle(agent, *ended)
+                if not self._overtaken(agent, task.id, facts, False):  # a stop or cancel wins
+                    self.unresolved.refuse(self.state.tasks[task.id], left, agent_id=agent.id)
+                return
             _, changed = await self.worktrees.record(
-                Path(agent.worktree_path), f"gridd: {task.id}: {task.title}", base=base
+                path, f"gridd: {task.id}: {task.title}", base=base
             )
             agent = self._settle(agent, *ended)
             kept = self._to_review(task.id, changed)
@@ -430,6 +445,7 @@ class Finisher:
                 changed_files=changed,
                 error=None,
                 summary=None,
+                conflict_unresolved=[],
             )
             return None
         self.state.update_task(task_id, kept_branch=task.branch, changed_files=changed)

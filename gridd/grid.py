@@ -29,6 +29,7 @@ from gridd.git.conflicts import ConflictPolicy
 from gridd.git.merge import MergeQueue, PauseSeam
 from gridd.git.prepared import PreparedWorktrees
 from gridd.git.radar import Radar
+from gridd.git.unresolved import Unresolved
 from gridd.intents import Commands
 from gridd.metrics import DaemonMetrics
 from gridd.model import (
@@ -116,6 +117,13 @@ class Grid:
             environ=os.environ,
             disk=self.disk,
         )
+        self.unresolved = Unresolved(
+            settings=settings.merge,
+            state=self.state,
+            bus=self.bus,
+            worktrees=self.worktrees,
+            questions=self.questions,
+        )
         self.finisher = Finisher(
             settings=settings,
             state=self.state,
@@ -124,6 +132,7 @@ class Grid:
             profiles=self.pool.profiles,
             worktrees=self.worktrees,
             questions=self.questions,
+            unresolved=self.unresolved,
         )
         self.metrics = DaemonMetrics(self)
         self.pool.on_exit = self.metrics.events.timed_exit(self.finisher.finish)
@@ -178,6 +187,7 @@ class Grid:
             questions=self.questions,
             merge_gate=self.merges.gate,
             root=workspace.root,
+            worktrees=self.worktrees,
             ask_sources=self._ask_sources,
         )
         self.commands.merge_answers = self._merge_answer
@@ -256,8 +266,11 @@ class Grid:
         return self._beads_on and await self.beads.ask(task_id)
 
     def _merge_answer(self, question: Question, response: str) -> None:
+        task = self.state.tasks.get(question.task_id)
+        policy = self.unresolved if task is not None and self.unresolved.waits(task) else None
         self.background.spawn(
-            f"merge-answer:{question.task_id}", self.conflicts.answered(question, response)
+            f"merge-answer:{question.task_id}",
+            (policy or self.conflicts).answered(question, response),
         )
 
     def _all_tasks_done(self) -> bool:

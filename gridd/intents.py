@@ -21,6 +21,7 @@ from gridd.faults import crash_point
 from gridd.git import feature
 from gridd.git.conflicts import merge_asker
 from gridd.git.merge import MergeGate
+from gridd.git.review import keep_review_edits
 from gridd.ids import new_task_id, task_id_problem
 from gridd.lifecycle import intend_stop, move_task, task_can_move
 from gridd.model import Agent, AgentStatus, Question, SessionState, Task, TaskStatus, utcnow
@@ -31,6 +32,7 @@ from gridd.scheduler import Scheduler
 from gridd.settings import Settings
 from gridd.specs import SessionStart, TaskPatch, TaskSpec
 from gridd.state import GridState
+from gridd.worktrees import Worktrees
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +58,17 @@ class Commands:
         questions: QuestionBook,
         merge_gate: MergeGate,
         root: Path,
+        worktrees: Worktrees,
         ask_sources: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
         self.root = root
         #: Held by the merge queue while it decides a merging task's fate (a merge landing).
         self.merge_gate = merge_gate
+        self.worktrees = worktrees
         #: Asks the task sources (beads) now whether they hold an id gridd does not know.
         self.ask_sources = ask_sources
         self._session_lock = asyncio.Lock()
+        self._approve_lock = asyncio.Lock()
         #: Delivers a human's answer to a merge question (set by the composition root).
         self.merge_answers: Callable[[Question, str], None] | None = None
         self.settings = settings
@@ -283,12 +288,36 @@ class Commands:
         crash_point(self.settings, "intent.recorded")
         return updated
 
-    def approve_task(self, task_id: str) -> Task:
+    def _in_review(self, task_id: str) -> Task:
         task = self.task(task_id)
         if task.status != TaskStatus.REVIEW:
             raise Conflict(
-                f"task {task_id!r} is {task.status.value}; only a task in review can be approved",
+                f"task {task_id!r} is {task.status.value}{_merged_note(task)}; only a task"
+                " in review can be approved",
                 code="task_not_in_review",
+                details=_status_details(task),
+            )
+        return task
+
+    async def approve_task(self, task_id: str, *, accept_markers: list[str] | None = None) -> Task:
+        """Queue a task in review for the merge. What the reviewer left uncommitted in its
+        worktree is committed first, or refused (``[merge] review_edits``); ``accept_markers``
+        (paths, globs) may keep marker-like lines the merge would otherwise refuse."""
+        self._in_review(task_id)
+        async with self._approve_lock:  # one review commit at a time
+            kept = await keep_review_edits(
+                self.worktrees,
+                self._in_review(task_id),
+                mode=self.settings.merge.review_edits,
+            )
+        task = self._in_review(task_id)  # it may have moved meanwhile
+        accepted = list(dict.fromkeys(accept_markers or []))
+        if kept is not None:
+            if task.base_commit:
+                task = self.state.update_task(task_id, changed_files=kept.changed)
+            self.state.bus.publish(
+                "task.review_edits",
+                {"taskId": task_id, "commit": kept.commit, "files": kept.files},
             )
         if self.state.session.feature_branch is None or task.branch is None:
             # No feature branch to merge into (or no work to merge): approval is the end.
@@ -305,21 +334,25 @@ class Commands:
                 merge_commit=None,
                 feedback=None,
                 error=None,
+                accepted_markers=accepted,
             )
-            self.state.bus.publish(
-                "task.merge_queued",
-                {"taskId": task_id, "featureBranch": self.state.session.feature_branch},
-            )
+            queued: dict[str, Any] = {
+                "taskId": task_id,
+                "featureBranch": self.state.session.feature_branch,
+            }
+            if accepted:
+                queued["acceptMarkers"] = accepted
+            self.state.bus.publish("task.merge_queued", queued)
         self.questions.close_for_agent(merge_asker(task_id), "the task was approved")
         self.state.flush()
         crash_point(self.settings, "intent.recorded")
         return updated
 
-    def approve_all(self) -> list[Task]:
+    async def approve_all(self) -> list[Task]:
         """Approve every task in review, in the order they reached it."""
         waiting = [t for t in self.state.tasks.values() if t.status == TaskStatus.REVIEW]
         waiting.sort(key=lambda t: (t.updated_at, t.id))
-        return [self.approve_task(t.id) for t in waiting]
+        return [await self.approve_task(t.id) for t in waiting]
 
     async def reject_task(self, task_id: str, feedback: str) -> Task:
         """Send a task in review back to its agent, in its worktree, with the feedback."""

@@ -38,7 +38,9 @@ reason).
 ``ready -> review`` and ``blocked -> review`` are one case: a run that completed before the
 stop (``ready``) or kill (``blocked``) of its task reached it keeps its result
 (``finish.py``). A cancel that comes after a completed run keeps the task ``cancelled``
-(terminal); its work stays on the task's branch, named as ``keptBranch``.
+(terminal); its work stays on the task's branch, named as ``keptBranch``. ``blocked ->
+review`` is also a human's answer to a run that left a merge conflict unresolved: resolved
+in the worktree, or sent to review as it is (``git/unresolved.py``).
 """
 
 from __future__ import annotations

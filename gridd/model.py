@@ -89,6 +89,10 @@ class Task(WireModel):
     # A run that completed before a cancel reached it: its work, kept on this branch (the
     # task's own), never merged or deleted. None otherwise (a completed run goes to review).
     kept_branch: str | None = None
+    # Files git still saw a conflict in (unmerged, or marker lines) when its run ended.
+    conflict_unresolved: list[str] = Field(default_factory=list)
+    # Paths whose marker-like lines a reviewer accepted (approve --accept-markers).
+    accepted_markers: list[str] = Field(default_factory=list)
 
 
 class AgentStatus(StrEnum):

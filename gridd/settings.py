@@ -397,6 +397,16 @@ class MergeSettings(_Section):
         description="Default session policy for a conflicting or failing merge: agent (rerun"
         " the task's agent on the conflict), human (back to review, a question asked), fail",
     )
+    allow_markers: list[str] = Field(
+        default_factory=list,
+        description="Globs of paths that may hold conflict-marker-like lines (test fixtures,"
+        " docs about git): not refused by the finisher nor the merge queue",
+    )
+    review_edits: Literal["commit", "refuse"] = Field(
+        default="commit",
+        description="Uncommitted changes in a task's worktree at approve: commit (a review"
+        " commit by the daemon's git user, merged with the rest) or refuse (409 worktree_dirty)",
+    )
     remove_worktree: bool = Field(
         default=True, description="Remove a merged task's worktree (only if clean and merged)"
     )

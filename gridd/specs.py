@@ -147,6 +147,15 @@ class Reject(RequestModel):
     feedback: Text = Field(min_length=1, max_length=100_000)
 
 
+class Approve(RequestModel):
+    accept_markers: list[Annotated[Line, Field(min_length=1, max_length=4096)]] = Field(
+        default_factory=list,
+        max_length=1000,
+        description="paths (globs) whose conflict-marker-like lines the merge may keep;"
+        " recorded in the task.merge_queued event",
+    )
+
+
 class Respond(RequestModel):
     response: str = Field(max_length=100_000)
 

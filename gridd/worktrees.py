@@ -307,8 +307,20 @@ class Worktrees:
         return mb.out.strip() or await self.head_commit(f"refs/heads/{branch}")
 
     async def is_dirty(self, path: Path) -> bool:
-        res = await git(path, "status", "--porcelain", "--untracked-files=all")
-        return bool(res.out.strip())
+        return bool(await self.dirty_files(path))
+
+    async def dirty_files(self, path: Path) -> list[str]:
+        """The paths with uncommitted changes (untracked ones included), each once."""
+        res = await git(path, "status", "--porcelain", "-z", "--untracked-files=all")
+        entries = iter(res.out.split("\0"))
+        found = set()
+        for entry in entries:
+            if len(entry) < 4:
+                continue
+            found.add(entry[3:])
+            if entry[0] in "RC":
+                next(entries, None)  # a rename's or copy's source path follows
+        return sorted(found)
 
     async def commit_all(self, path: Path, message: str, *, timeout: float | None = None) -> bool:
         """Commit everything left in the worktree; False when there was nothing."""
@@ -316,17 +328,24 @@ class Worktrees:
         return committed
 
     async def record(
-        self, path: Path, message: str, *, base: str | None = None, timeout: float | None = None
+        self,
+        path: Path,
+        message: str,
+        *,
+        base: str | None = None,
+        identity: tuple[str, ...] | None = None,
+        timeout: float | None = None,
     ) -> tuple[bool, list[str]]:
         """Commit everything left in the worktree and, given ``base``, list the files the
         branch changed since it: the git calls of a finish in one process (a finish used to
-        start four). Returns (whether a commit was made, changed files). Safe to repeat."""
+        start four). Returns (whether a commit was made, changed files). Safe to repeat.
+        ``identity``: ``-c user.*`` flags for the commit (default: ``identity()``)."""
         if not path.is_dir():  # else the spawn's cwd fails with a bare FileNotFoundError
             raise WorktreeGone(
                 f"the worktree {path} is gone: nothing left in it can be recorded",
                 details={"path": str(path)},
             )
-        identity = await self.identity()
+        identity = await self.identity() if identity is None else identity
         argv = ("sh", "-c", _RECORD_SCRIPT, "gridd-record", message, base or "", *identity)
         res = await _run(path, argv, check=False, timeout=timeout)
         if res.code != 0:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,13 @@ def repo() -> Iterator[Path]:
     root = make_repo()
     yield root
     remove_repo(root)
+
+
+@pytest.fixture
+def logdir() -> Iterator[Path]:
+    """A short-pathed scratch directory where scripted agents (tests/agents) log their runs."""
+    with tempfile.TemporaryDirectory(prefix="glog") as d:
+        yield Path(d)
 
 
 @pytest.fixture

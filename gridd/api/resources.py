@@ -27,6 +27,7 @@ from gridd.model import (
 )
 from gridd.scheduler import describe
 from gridd.specs import (
+    Approve,
     PlanSpec,
     Reject,
     Respond,
@@ -174,11 +175,18 @@ async def stop_task(request: Request) -> Response:
     "POST",
     "/tasks/{task_id}/approve",
     summary="Approve a task in review: it is queued for the merge into the feature branch"
-    " (merging), done once merged; done at once when the session has no feature branch",
+    " (merging), done once merged; done at once when the session has no feature branch."
+    " Uncommitted changes in its worktree are committed as review edits, or refused with"
+    " 409 worktree_dirty ([merge] review_edits)",
+    body=Approve,
     response=Task,
 )
 async def approve_task(request: Request) -> Response:
-    return wire(grid_of(request).commands.approve_task(_task_id(request)))
+    req = await read_body(request, Approve)
+    grid = grid_of(request)
+    return wire(
+        await grid.commands.approve_task(_task_id(request), accept_markers=req.accept_markers)
+    )
 
 
 @table.add(

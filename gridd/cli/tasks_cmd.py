@@ -205,6 +205,14 @@ def build_approve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--all", action="store_true", help="approve every task in review, oldest first"
     )
+    parser.add_argument(
+        "--accept-markers",
+        metavar="PATH",
+        action="append",
+        default=[],
+        help="let the merge keep conflict-marker-like lines in PATH (a glob; repeatable);"
+        " recorded in the event log",
+    )
 
 
 def run_approve(ctx: Context) -> int:
@@ -220,7 +228,9 @@ def run_approve(ctx: Context) -> int:
         if not ids:
             print("no task is in review")
     for task_id in ids:
-        task = parse_wire(Task, client.post(f"/tasks/{segment(task_id, kind='task')}/approve"))
+        path = f"/tasks/{segment(task_id, kind='task')}/approve"
+        body = {"acceptMarkers": ctx.args.accept_markers} if ctx.args.accept_markers else None
+        task = parse_wire(Task, client.post(path, body))
         after = "queued for the merge" if task.status == TaskStatus.MERGING else "done"
         print(f"task {task.id} approved: now {task.status.value} ({after})")
     return EXIT_OK

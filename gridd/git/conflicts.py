@@ -21,6 +21,7 @@ from pathlib import Path
 
 from gridd.adapters.base import Ask
 from gridd.events import EventBus
+from gridd.git.integrity import markers_between
 from gridd.lifecycle import move_task
 from gridd.model import Agent, Question, Task, TaskStatus, utcnow
 from gridd.questions import QuestionBook
@@ -55,6 +56,33 @@ def check_feedback(feature: str, output: str) -> str:
         f"Merged into the feature branch {feature!r}, this task's work failed the merge check."
         " The feature branch has been merged into your worktree. Fix the problem and commit."
         f" The check's output ended with:\n\n{output[-OUTPUT_TAIL:]}"
+    )
+
+
+def ask_human(
+    questions: QuestionBook,
+    task: Task,
+    *,
+    key: str,
+    kind: str,
+    text: str,
+    options: list[str],
+    meta: dict[str, object] | None = None,
+) -> None:
+    """Ask a human about ``task`` as the merge queue (``merge_asker``): the answer comes back
+    through the composition root's merge answers, not to an agent."""
+    asker = Agent(
+        id=merge_asker(task.id), task_id=task.id, profile="merge", worktree_path=task.worktree or ""
+    )
+    questions.ask(
+        asker,
+        Ask(
+            key=f"{key}-{task.id}-{utcnow().timestamp():.0f}",
+            type=kind,
+            question=text,
+            options=list(options),
+            meta=meta or {},
+        ),
     )
 
 
@@ -102,6 +130,38 @@ class ConflictPolicy:
             error="the merge check failed",
             feedback=check_feedback(feature, tail),
         )
+
+    async def marker_files(
+        self, task: Task, *, cwd: Path, tip: str, merged: str, timeout: float | None = None
+    ) -> list[str]:
+        """The files a merge's result adds conflict-marker lines to, but for the paths the
+        config allows (``allow_markers``) and the task's approve accepted."""
+        allow = [*self.settings.allow_markers, *task.accepted_markers]
+        return await markers_between(cwd, tip, merged, allow=allow, timeout=timeout)
+
+    def refuse_markers(self, task: Task, *, files: list[str], feature_commit: str) -> None:
+        """Refuse the merge, whatever the policy: back to review, naming the files."""
+        self.bus.publish(
+            "task.merge_refused",
+            {
+                "taskId": task.id,
+                "reason": "conflict_markers",
+                "files": files,
+                "featureCommit": feature_commit,
+            },
+        )
+        error = f"the merge would add conflict markers to {', '.join(files)}"
+        move_task(
+            self.state,
+            task.id,
+            TaskStatus.REVIEW,
+            reason=f"merge refused: {error}",
+            error=f"{error}; fix them (reject) or accept them (approve --accept-markers PATH)",
+            conflict_unresolved=files,
+            merge_commit=None,
+            merge_queued_at=None,
+        )
+        self.state.flush()
 
     async def _apply(
         self, task: Task, *, files: list[str], feature_commit: str, error: str, feedback: str
@@ -196,26 +256,13 @@ class ConflictPolicy:
         )
 
     def _ask(self, task: Task, error: str) -> None:
-        asker = Agent(
-            id=merge_asker(task.id),
-            task_id=task.id,
-            profile="merge",
-            worktree_path=task.worktree or "",
-        )
         text = (
             f"Task {task.id} could not be merged: {error}. Fix it on its branch"
             f" ({task.branch}) and answer 'merge again', or send it to its agent ('agent'),"
             " or fail it ('fail')."
         )
-        self.questions.ask(
-            asker,
-            Ask(
-                key=f"merge-{task.id}-{utcnow().timestamp():.0f}",
-                type="merge_conflict",
-                question=text,
-                options=list(ANSWERS),
-                meta={},
-            ),
+        ask_human(
+            self.questions, task, key="merge", kind="merge_conflict", text=text, options=ANSWERS
         )
 
     async def answered(self, question: Question, response: str) -> None:

@@ -227,6 +227,14 @@ class MergeQueue:
                         return
                     await self.policy.conflict(task, files=result.files, feature_commit=tip)
                 return
+            marked = await self.policy.marker_files(
+                task, cwd=self.integration.path, tip=tip, merged=result.commit, timeout=self.timeout
+            )
+            if marked:  # refused whatever the policy (git/integrity.py)
+                async with self.gate.deciding(task.id):
+                    if not self._abandoned(task.id, feature):
+                        self.policy.refuse_markers(task, files=marked, feature_commit=tip)
+                return
             if self.settings.check:
                 check = await self.integration.check(
                     self.settings.check, self.settings.check_timeout_seconds
@@ -331,6 +339,7 @@ class MergeQueue:
             merge_commit=commit,
             merged_into=feature,
             merge_conflict=[],
+            conflict_unresolved=[],
             feedback=None,
             error=None,
         )

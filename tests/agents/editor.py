@@ -7,7 +7,9 @@ The prompt's first line is JSON: ``{"write": {"path": "content", ...}}``. The ag
 
 1. records the files it found at start, and its prompt, in ``LOGDIR/<task>-<n>.json``;
 2. resolves any merge conflict left in its worktree by keeping both sides' lines (markers
-   removed) and staging the files;
+   removed) and staging the files; with ``"conflicts": "leave"`` in that JSON it leaves
+   them as they are, and with ``"conflicts": "add"`` it stages them, markers and all (an
+   agent that fails at resolving);
 3. on a first run, writes the files; on a run sent back with feedback (the prompt has a
    ``---`` section), writes ``<task>.feedback.txt`` with the prompt instead.
 
@@ -50,13 +52,16 @@ def main() -> int:
     n = 1
     while (logdir / f"{task}-{n}.json").exists():
         n += 1
-    resolved = resolve_conflicts()
+    spec = json.loads(prompt.splitlines()[0])
+    conflicts = spec.get("conflicts", "resolve")
+    if conflicts == "add":
+        subprocess.run(["git", "add", "-A", "--", "."], check=True)
+    resolved = resolve_conflicts() if conflicts == "resolve" else []
     # Written whole, then renamed into place: a test polling for it never reads half of it.
     record = logdir / f"{task}-{n}.json"
     tmp = record.with_name(record.name + ".tmp")
     tmp.write_text(json.dumps({"files": listing(), "prompt": prompt, "resolved": resolved}))
     tmp.replace(record)
-    spec = json.loads(prompt.splitlines()[0])
     if "\n---\n" in prompt:
         Path(f"{task}.feedback.txt").write_text(prompt)
     else:

@@ -1,0 +1,74 @@
+"""Review edits are kept or refused, never dropped (#22), on real repositories and daemons.
+
+A reviewer who fixes a line in a task's worktree (the right side of its diff in the editor)
+and approves gets the fix merged: it is committed on the task's branch as a review commit
+by the git identity of the user running the daemon. With ``[merge] review_edits =
+"refuse"`` the approve answers 409 ``worktree_dirty`` listing the files instead, and the
+edit stays where it was.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gridd.errors import Conflict
+from tests.helpers import core_daemon, event_log, gridctl, wait_task_status
+from tests.test_merge_queue import configure, files_on, git, task
+
+
+def test_an_edit_left_in_the_worktree_at_approve_is_merged_as_a_review_commit(
+    repo: Path, logdir: Path
+) -> None:
+    configure(repo, logdir)
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        c.post("/tasks", task("t", {"a.txt": "the agent's line\n"}))
+        c.post("/session/start", {"featureBranch": "feature/review"})
+        reviewed = wait_task_status(c, "t", "review")
+        worktree = Path(str(reviewed["worktree"]))
+        (worktree / "a.txt").write_text("the reviewer's fix\n")  # saved in the editor
+        (worktree / "notes.txt").write_text("a file the reviewer added\n")
+        c.post("/tasks/t/approve")
+        wait_task_status(c, "t", "done")
+        assert git(repo, "show", "feature/review:a.txt") == "the reviewer's fix\n"
+        assert "notes.txt" in files_on(repo, "feature/review")
+        review = git(repo, "log", "-1", "--format=%an <%ae>%n%B", "grid/t")
+        assert review.startswith("gridd tests <test@example.com>\nreview edits\n")
+        assert "Grid-Review: t" in review
+        kept = [e.data for e in event_log(c, types={"task.review_edits"})]
+        assert kept == [
+            {
+                "taskId": "t",
+                "commit": git(repo, "rev-parse", "grid/t").strip(),
+                "files": ["a.txt", "notes.txt"],
+            }
+        ]
+        assert set(c.get("/tasks/t")["changedFiles"]) == {"a.txt", "notes.txt"}
+
+
+def test_refuse_answers_409_worktree_dirty_and_keeps_the_edit(repo: Path, logdir: Path) -> None:
+    configure(repo, logdir, merge={"review_edits": "refuse"})
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        c.post("/tasks", task("t", {"a.txt": "the agent's line\n"}))
+        c.post("/session/start", {"featureBranch": "feature/strict"})
+        reviewed = wait_task_status(c, "t", "review")
+        worktree = Path(str(reviewed["worktree"]))
+        (worktree / "a.txt").write_text("the reviewer's fix\n")
+        branch_before = git(repo, "rev-parse", "grid/t").strip()
+        with pytest.raises(Conflict) as refused:
+            c.post("/tasks/t/approve")
+        assert refused.value.code == "worktree_dirty"
+        assert refused.value.details["files"] == ["a.txt"]
+        assert c.get("/tasks/t")["status"] == "review"
+        assert (worktree / "a.txt").read_text() == "the reviewer's fix\n"  # nothing lost
+        assert git(repo, "rev-parse", "grid/t").strip() == branch_before
+        said = gridctl(repo, "task", "approve", "t")
+        assert said.returncode != 0 and "a.txt" in said.stderr and "Traceback" not in said.stderr
+        # committed by hand, the approve goes through with the fix
+        git(worktree, "commit", "-qam", "the reviewer's fix")
+        c.post("/tasks/t/approve")
+        wait_task_status(c, "t", "done")
+        assert git(repo, "show", "feature/strict:a.txt") == "the reviewer's fix\n"

@@ -80,12 +80,12 @@ def test_a_shim_whose_workspace_is_gone_stops_its_agent_and_exits(
                 daemon.proc.wait(30)
             # A plain stop leaves the agent running, to be reattached by the next daemon.
             assert not any(process_gone(p) for p in orphaned)
+            gone_at = time.monotonic()  # before: the shim may see it gone mid-way
             if fate == "deleted":
                 shutil.rmtree(repo)
             else:  # another .grid/ in its place: same path, another directory
                 (repo / ".grid").rename(tmp_path / "old-grid")
                 (repo / ".grid").mkdir()
-            gone_at = time.monotonic()
             wait_for(
                 lambda: all(process_gone(p) for p in orphaned),
                 timeout=GRACE + 10,
@@ -95,7 +95,7 @@ def test_a_shim_whose_workspace_is_gone_stops_its_agent_and_exits(
             # Nothing else was touched: another workspace's run, an unrelated process.
             assert not any(process_gone(p) for p in untouched)
             assert bystander.poll() is None
-            assert took >= GRACE * 0.9, f"stopped after {took:.1f}s, inside the grace period"
+            assert took >= GRACE, f"stopped after {took:.1f}s, inside the grace period"
     finally:
         kill_workspace_agents(repo)  # had the test failed: nothing left behind
         bystander.kill()

@@ -252,7 +252,7 @@ def test_a_spawn_given_up_on_is_fenced_and_its_late_shim_never_runs_the_task_twi
     write_core_config(
         repo,
         agents={"work": {"command": agent_command("trivial.py", "2.0")}},
-        scheduler={"default_agent": "work", "spawn_timeout_seconds": 1.0},
+        scheduler={"default_agent": "work", "spawn_timeout_seconds": 3.0},
     )
     marker = f"spawn-fence-{os.getpid()}-{repo.name}"
     with running_daemon(repo, env={"GRID_TEST_DAEMON": marker}) as daemon:

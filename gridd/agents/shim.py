@@ -368,10 +368,14 @@ class WorkspaceWatch:
         _signal.setitimer(_signal.ITIMER_REAL, 0, 0)
 
     def present(self) -> bool:
+        """False when ``.grid/`` is gone or another directory; an error that says neither
+        (EIO, EACCES: a disk or a mount in trouble) is no evidence that it went."""
         try:
             st = os.stat(self.grid)
-        except OSError:
+        except (FileNotFoundError, NotADirectoryError):
             return False
+        except OSError:
+            return True
         return (st.st_dev, st.st_ino) == self.identity
 
     def _look(self, _signum: int, _frame: object) -> None:

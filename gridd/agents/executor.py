@@ -90,7 +90,8 @@ class Executor(Protocol):
     async def spawn(self, launch: Launch) -> AgentHandle:
         """Start the agent and return once it runs (or has already failed: its
         ``exit_status`` then says why). Raises ``GriddError`` or ``OSError`` when it could
-        not be started at all."""
+        not be started at all; a spawn given up on (too slow) is fenced first, so that its
+        run can never start later: the pool may start the task again at once."""
 
     def reattach(self, agent: Agent) -> AgentHandle:
         """The handle of an agent started by an earlier daemon. When the record has no pid

@@ -9,8 +9,7 @@ is just a shorter one.
 - The **WAL check** reads the write-ahead log's frames and checksums before SQLite opens
   it. Frames that carry the log's salt but fail their checksum are committed data SQLite
   would silently drop: the WAL is copied aside first, and the loss is reported.
-- The **inode watch** (``FileWatch``) notices a database unlinked or replaced under a
-  running daemon, so the daemon can write its live copy back.
+- A database or WAL unlinked or replaced under a running daemon is ``walguard``'s.
 
 Nothing here deletes a file: what is bad is moved or copied to ``<name>.corrupt-<ts>``.
 """
@@ -197,31 +196,3 @@ def wal_garbled(wal: Path) -> str | None:
             return f"frame {(offset - WAL_HEADER) // frame_size + 1} fails its checksum"
         offset += frame_size
     return None
-
-
-# -- the inode watch ---------------------------------------------------------------------------
-
-
-class FileWatch:
-    """Notices the database file unlinked or replaced while it is open."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.inode = self._inode()
-
-    def _inode(self) -> tuple[int, int] | None:
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return None
-        return st.st_dev, st.st_ino
-
-    def changed(self) -> str | None:
-        """'unlinked' or 'replaced' when the path no longer names the open file."""
-        now = self._inode()
-        if now == self.inode:
-            return None
-        return "unlinked" if now is None else "replaced"
-
-    def rearm(self) -> None:
-        self.inode = self._inode()

@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from gridd.dbguard import (
-    FileWatch,
     Problem,
     aside_name,
     check_before_open,
@@ -34,6 +33,7 @@ from gridd.dbguard import (
 from gridd.dbwriter import DONE, FAILED, Batch, Op, Writer
 from gridd.errors import StoreError
 from gridd.model import Agent, Event, Question, Task, isotime, utcnow
+from gridd.walguard import FileGuard, recreate_wal
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class Store:
         self.path = path
         self.report = report
         self._reader = _connect_reader(path)
-        self._watch = FileWatch(path)
+        self._watch = FileGuard(path)
         #: The ``meta`` table as this daemon has written it (committed or queued).
         self._meta: dict[str, str] = {
             str(k): str(v) for k, v in self._reader.execute("SELECT key, value FROM meta")
@@ -694,7 +694,10 @@ class Store:
 
         The copy is made on the writer thread, after every write queued before it (so it
         holds them), and waited for: a rare repair, not a write the loop makes often."""
-        what = self._watch.changed()
+        changed = self._watch.changed()
+        what = changed.get(self.path)
+        if what is None and self._watch.wal_path in changed:
+            return self._recreate_wal(changed[self._watch.wal_path])
         if what is None or self._open is not None:
             return None
         batch = Batch([], raw=lambda writer: self._restore(writer, what))
@@ -716,6 +719,33 @@ class Store:
             moved,
         )
         log.error("%s", problem.message)
+        return problem
+
+    def _recreate_wal(self, what: str) -> Problem | None:
+        """The WAL was unlinked or replaced under us: checkpoint it through the open
+        connection, then reopen both, so that a new one is made at its path
+        (``walguard.recreate_wal``). Waits for a moment with no write queued: the
+        checkpoint must hold every write made before it."""
+        if self._open is not None or self._tail is not None:
+            return None  # the next check (a second later) tries again
+        self._reader.close()  # no connection of ours may keep the old WAL open
+        batch = Batch([], raw=lambda writer: self._rewal(writer, what))
+        self._writer.submit(batch)
+        batch.wait(None)
+        self._reader = _connect_reader(self.path)
+        self._watch.rearm()
+        if batch.state == FAILED:
+            log.error("cannot checkpoint the WAL that was %s: %s; retrying", what, batch.error)
+            return None
+        problem: Problem = batch.result
+        return problem
+
+    def _rewal(self, writer: Writer, what: str) -> Problem:
+        """(Writer thread.) ``recreate_wal`` on the writer's connection."""
+        conn, problem = recreate_wal(
+            writer.conn, self.path, what, reconnect=self._connect_and_migrate
+        )
+        writer.swap(conn)
         return problem
 
     def _restore(self, writer: Writer, what: str) -> tuple[str, ...] | Problem:

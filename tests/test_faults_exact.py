@@ -1,22 +1,29 @@
 """Faults slower or stranger than a kill are seen and reported, never spent (issue 30).
 
 A ``.grid/`` that stops taking writes for a while pauses starts without counting any
-attempt, says so on ``/health``, keeps running agents' results, and resumes by itself.
-Real daemons, real agents, a real tmpfs (root only; skipped otherwise).
+attempt, says so on ``/health``, keeps running agents' results, and resumes by itself
+(a real tmpfs: root only; skipped otherwise). A WAL unlinked or replaced under a running
+daemon is noticed within seconds, checkpointed and made anew: a ``kill -9`` after it
+loses nothing. Real daemons, real agents, real SQLite.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import (
     agent_command,
     core_daemon,
     event_log,
+    running_daemon,
+    start_daemon,
     wait_for,
     wait_task_status,
     write_core_config,
@@ -34,10 +41,19 @@ def read_only(path: Path) -> Iterator[None]:
     on a disk that turned read-only under it in any way the kernel allows.)"""
     subprocess.run(["mount", "--bind", str(path), str(path)], check=True)
     try:
-        subprocess.run(["mount", "-o", "remount,ro,bind", str(path)], check=True)
+        # A file opened for writing through the new mount before it turns read-only (git's
+        # index.lock, say) makes it busy for that moment: try again.
+        _until_done(["mount", "-o", "remount,ro,bind", str(path)])
         yield
     finally:
-        subprocess.run(["umount", str(path)], check=True)
+        _until_done(["umount", str(path)])
+
+
+def _until_done(argv: list[str], *, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (proc := subprocess.run(argv, capture_output=True, text=True)).returncode != 0:
+        assert time.monotonic() < deadline, f"{argv}: {proc.stderr}"
+        time.sleep(0.05)
 
 
 def test_a_read_only_grid_pauses_starts_without_counting_attempts_and_work_resumes(
@@ -91,3 +107,37 @@ def test_a_read_only_grid_pauses_starts_without_counting_attempts_and_work_resum
     assert len(downs) == 1 and len(ups) == 1, (downs, ups)
     warnings = [e.data for e in log if e.type == "agent.warning"]
     assert not warnings, warnings
+
+
+@pytest.mark.parametrize("how", ["unlinked", "replaced"])
+def test_a_wal_unlinked_or_replaced_under_a_running_daemon_loses_nothing_across_kill9(
+    repo: Path, how: str
+) -> None:
+    wal = repo / ".grid" / "gridd.db-wal"
+    before = [f"before {n}" for n in range(200)]
+    after = [f"after {n}" for n in range(50)]
+    daemon = start_daemon(repo)
+    try:
+        c = daemon.client()
+        c.post("/tasks", [{"title": t} for t in before])
+        assert wal.stat().st_size > 0, "the tasks should still be in the WAL"
+        if how == "unlinked":
+            wal.unlink()
+        else:  # another (empty) file put in its place
+            stranger = wal.with_name("stranger")
+            stranger.write_bytes(b"")
+            os.replace(stranger, wal)
+        health = wait_for(
+            lambda: (h := c.get("/health"))["status"] == "degraded" and h,
+            timeout=10,
+            message="/health to say what happened to the WAL",
+        )
+        assert any("gridd.db-wal" in w and how in w for w in health["warnings"]), health
+        (problem,) = [e.data for e in event_log(c) if e.type == "daemon.store_problem"]
+        assert problem["kind"] == f"wal_{how}", problem
+        c.post("/tasks", [{"title": t} for t in after])  # written to the new WAL
+    finally:
+        daemon.kill9()
+    with running_daemon(repo) as again:
+        titles = sorted(t["title"] for t in again.client().get("/tasks"))
+    assert titles == sorted(before + after)

@@ -19,7 +19,7 @@ from gridd.agents.output import OutputLog
 from gridd.agents.watch import RunWatch
 from gridd.errors import GriddError
 from gridd.events import EventBus
-from gridd.git.integrity import own_worktree
+from gridd.git.integrity import merge_head, own_worktree
 from gridd.git.unresolved import Unresolved
 from gridd.ids import kept_branch
 from gridd.lifecycle import move_agent, move_task
@@ -259,8 +259,14 @@ class Finisher:
         )
 
     async def _commit(self, agent: Agent, message: str) -> bool:
+        """Commit a run's work in progress. Not in the middle of a merge: that one is
+        concluded only by a completed run that left no conflict (``_apply``), never with
+        its markers by a stopped or failed one; the work stays as it is, for the next run."""
         path = Path(agent.worktree_path)
-        await own_worktree(self.worktrees.root, path)  # never commit in anyone else's checkout
+        git_dir = await own_worktree(self.worktrees.root, path)  # never anyone else's checkout
+        if merge_head(git_dir):
+            log.info("%s: a merge is in progress in %s; nothing committed", agent.id, path)
+            return False
         return await self.worktrees.commit_all(path, message)
 
     async def _apply(

@@ -57,11 +57,15 @@ def statuses_of(c: GridClient, task_id: str) -> list[str]:
     return seen
 
 
-def approve_into_conflict(c: GridClient, root: Path, *, mode: str, policy: str) -> str:
+def approve_into_conflict(
+    c: GridClient, root: Path, *, mode: str, policy: str, attempts: int = 2, **behaviour: object
+) -> str:
     """x and y both write shared.txt; x is merged, then y approved into the conflict. y's
-    agent fails at resolving it as ``mode`` says (editor.py). Returns F's tip after x."""
-    y = task("y", {"shared.txt": "line from y\n"}, maxAttempts=2)
-    y["prompt"] = json.dumps({"write": {"shared.txt": "line from y\n"}, "conflicts": mode})
+    agent fails at resolving it as ``mode`` (and ``behaviour``) say (editor.py). Returns
+    F's tip after x."""
+    y = task("y", {"shared.txt": "line from y\n"}, maxAttempts=attempts)
+    write = {"shared.txt": "line from y\n"}
+    y["prompt"] = json.dumps({"write": write, "conflicts": mode, **behaviour})
     c.post("/plans", {"tasks": [task("x", {"shared.txt": "line from x\n"}), y]})
     c.post("/session/start", {"featureBranch": "feature/clash", "onConflict": policy})
     wait_task_status(c, "x", "review")
@@ -145,6 +149,28 @@ def test_check_again_with_the_conflict_still_there_asks_again(repo: Path, logdir
         assert c.get("/tasks/y")["status"] == "blocked"
         assert marker_commits(repo, "grid/y") == []
         assert blocked["conflictUnresolved"] == ["shared.txt"]
+
+
+def test_a_run_that_fails_in_the_middle_of_a_conflict_commits_nothing(
+    repo: Path, logdir: Path
+) -> None:
+    # A failed (or stopped) run's work in progress is normally committed; not a merge left
+    # half done: that commit would conclude it, markers and all.
+    configure(repo, logdir)
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        approve_into_conflict(
+            c, repo, mode="leave", policy="agent", attempts=1, fail_in_conflict=True
+        )
+        y_branch_before = git(repo, "rev-parse", "grid/y").strip()
+        failed = wait_task_status(c, "y", "failed", timeout=30)
+        assert len(runs(logdir, "y")) == 2
+        assert git(repo, "rev-parse", "grid/y").strip() == y_branch_before
+        assert marker_commits(repo, "grid/y") == []
+        worktree = Path(str(failed["worktree"]))
+        assert "shared.txt" in git(worktree, "ls-files", "-u")  # as the agent left it
+        stopped = [e.data for e in event_log(c, types={"agent.failed"})]
+        assert stopped and stopped[-1]["taskId"] == "y"
 
 
 # -- marker-like lines on purpose ---------------------------------------------------------------

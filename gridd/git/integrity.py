@@ -167,6 +167,14 @@ async def own_worktree(root: Path, path: Path) -> Path:
     )
 
 
+def merge_head(git_dir: Path) -> str:
+    """The commit a merge in progress in that worktree merges (``MERGE_HEAD``), or ""."""
+    try:
+        return (git_dir / "MERGE_HEAD").read_text().split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
 async def _check(cwd: Path, *revs: str, timeout: float | None = None) -> list[MarkerLine]:
     res = await git(cwd, *_RAW_PATHS, "diff", "--check", *revs, "--", check=False, timeout=timeout)
     if res.code not in _CHECK_OK:
@@ -183,12 +191,7 @@ async def leftover(
 ) -> Leftover:
     """What is left of a conflict in the worktree at ``path`` (committed or not): unmerged
     entries, and marker lines added since ``base`` or since the commit being merged."""
-    merging = ""
-    if git_dir is not None:
-        try:
-            merging = (git_dir / "MERGE_HEAD").read_text().split()[0]
-        except (OSError, IndexError):
-            merging = ""
+    merging = merge_head(git_dir) if git_dir is not None else ""
     revs = [base, merging] if merging and merging != base else [base]
     unmerged, untracked = await asyncio.gather(
         git(path, *_RAW_PATHS, "ls-files", "-u"),

@@ -9,7 +9,8 @@ The prompt's first line is JSON: ``{"write": {"path": "content", ...}}``. The ag
 2. resolves any merge conflict left in its worktree by keeping both sides' lines (markers
    removed) and staging the files; with ``"conflicts": "leave"`` in that JSON it leaves
    them as they are, and with ``"conflicts": "add"`` it stages them, markers and all (an
-   agent that fails at resolving);
+   agent that fails at resolving); with ``"fail_in_conflict": true`` it then exits 3
+   while its worktree holds unmerged files;
 3. on a first run, writes the files; on a run sent back with feedback (the prompt has a
    ``---`` section), writes ``<task>.feedback.txt`` with the prompt instead.
 
@@ -54,6 +55,7 @@ def main() -> int:
         n += 1
     spec = json.loads(prompt.splitlines()[0])
     conflicts = spec.get("conflicts", "resolve")
+    unmerged = subprocess.run(["git", "ls-files", "-u"], capture_output=True, text=True).stdout
     if conflicts == "add":
         subprocess.run(["git", "add", "-A", "--", "."], check=True)
     resolved = resolve_conflicts() if conflicts == "resolve" else []
@@ -62,6 +64,9 @@ def main() -> int:
     tmp = record.with_name(record.name + ".tmp")
     tmp.write_text(json.dumps({"files": listing(), "prompt": prompt, "resolved": resolved}))
     tmp.replace(record)
+    if spec.get("fail_in_conflict") and unmerged.strip():
+        print(f"editor agent {task} run {n} gives up on the conflict", flush=True)
+        return 3
     if "\n---\n" in prompt:
         Path(f"{task}.feedback.txt").write_text(prompt)
     else:

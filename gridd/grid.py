@@ -104,6 +104,7 @@ class Grid:
             spawn_timeout=settings.scheduler.spawn_timeout_seconds,
             grid_dir=workspace.grid_dir,
             orphan_grace=settings.scheduler.orphan_grace_seconds,
+            landlock_abi=settings.daemon.landlock_abi,
         )
         self.pool = AgentPool(
             workspace=workspace,

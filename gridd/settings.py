@@ -40,6 +40,12 @@ class DaemonSettings(_Section):
     header_timeout_seconds: float = Field(
         default=10.0, gt=0, le=300, description="A request's headers must arrive within this"
     )
+    landlock_abi: int | None = Field(
+        default=None,
+        ge=0,
+        description="Testing only: act as if the kernel offered at most this Landlock ABI"
+        " (0: none); None: what the kernel offers",
+    )
     max_connections: int = Field(
         default=1000,
         ge=4,
@@ -174,6 +180,42 @@ class SchedulerSettings(_Section):
     )
 
 
+#: Read by no agent in a sandbox, whatever the profile lists besides (``hidden``).
+DEFAULT_HIDDEN = (
+    "~/.ssh",
+    "~/.aws",
+    "~/.gnupg",
+    "~/.config/gh",
+    "~/.netrc",
+    "~/.git-credentials",
+    "~/.docker",
+    "~/.kube",
+    "~/.config/gcloud",
+    "~/.azure",
+    "~/.password-store",
+)
+
+
+class SandboxSettings(_Section):
+    """``[agents.<name>.sandbox]``: what the kernel lets a run of this profile touch
+    (``agents/sandbox.py``; enforced with Landlock by the shim)."""
+
+    mode: Literal["off", "read-only", "workspace"] = Field(
+        default="off",
+        description="workspace: write only the worktree, a private TMPDIR and `writable`;"
+        " read-only: the same without the worktree; off: no sandbox",
+    )
+    writable: list[str] | None = Field(
+        default=None,
+        description="More paths the agent may write (~ is the home directory); None: its"
+        " adapter's own (claude: ~/.claude and ~/.claude.json)",
+    )
+    hidden: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_HIDDEN),
+        description="Paths the agent may not read (the workspace's .grid/ always is)",
+    )
+
+
 class AgentProfile(_Section):
     """``[agents.<name>]``: how to run one kind of agent."""
 
@@ -196,6 +238,10 @@ class AgentProfile(_Section):
     stall_seconds: float | None = Field(default=None, gt=0, description="overrides the stall time")
     stdin: Literal["pipe", "null"] = Field(
         default="pipe", description="answers go to stdin when 'pipe'"
+    )
+    sandbox: SandboxSettings = Field(
+        default_factory=SandboxSettings.model_construct,
+        description="the kernel-enforced sandbox of its runs (mode off by default)",
     )
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from gridd.agents.sandbox import Sandbox
 from gridd.model import Agent
 
 
@@ -52,6 +53,9 @@ class Launch:
     env: dict[str, str] = field(repr=False)
     #: "pipe" (the pool may write to it), "null" or "inherit" (as the profile says).
     stdin: str = "pipe"
+    #: What the kernel lets the agent touch (None: no sandbox). An executor that cannot
+    #: enforce it raises ``GriddError`` (code ``sandbox_unavailable``): never unconfined.
+    sandbox: Sandbox | None = None
 
 
 class AgentHandle(Protocol):

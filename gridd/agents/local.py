@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gridd.agents import landlock
 from gridd.agents.executor import AgentHandle, Launch
 from gridd.agents.process import AgentProcess, ShimStarter, fence_run
+from gridd.errors import GriddError
 from gridd.model import Agent
 
 
@@ -27,6 +29,7 @@ class LocalExecutor:
         spawn_timeout: float = 10.0,
         grid_dir: Path | None = None,
         orphan_grace: float = 60.0,
+        landlock_abi: int | None = None,
     ) -> None:
         self.shims = ShimStarter(runs_dir / "spare-shim.log")
         #: A spawn whose agent has not started by then is fenced (``AgentProcess.spawn``).
@@ -35,6 +38,17 @@ class LocalExecutor:
         #: its agent ``orphan_grace`` seconds later and exits (``shim.WorkspaceWatch``).
         self.grid_dir = grid_dir
         self.orphan_grace = orphan_grace
+        #: A ceiling on the kernel's Landlock ABI ([daemon] landlock_abi, a test seam).
+        self.landlock_abi = landlock_abi
+        self._kernel_abi: int | None = None
+
+    def sandbox_abi(self) -> int:
+        """The Landlock ABI this executor can enforce (0: none)."""
+        if self._kernel_abi is None:
+            self._kernel_abi = landlock.abi_version()
+        if self.landlock_abi is not None:
+            return min(self._kernel_abi, self.landlock_abi)
+        return self._kernel_abi
 
     def start(self) -> None:
         self.shims.start()
@@ -43,6 +57,19 @@ class LocalExecutor:
         self.shims.close()
 
     async def spawn(self, launch: Launch) -> AgentHandle:
+        sandbox = None
+        if launch.sandbox is not None:
+            abi = self.sandbox_abi()
+            why = landlock.unavailable(launch.sandbox.mode, abi)
+            if why is not None:
+                raise GriddError(
+                    f"sandbox_unavailable: {why}; the run does not start (the profile's"
+                    ' [agents.<name>.sandbox] mode = "off" runs it unconfined)',
+                    code="sandbox_unavailable",
+                    details={"mode": launch.sandbox.mode, "landlockAbi": abi},
+                )
+            Path(launch.sandbox.tmpdir).mkdir(mode=0o700, exist_ok=True)
+            sandbox = launch.sandbox.spec(abi=self.landlock_abi)
         return await AgentProcess.spawn(
             launch.run_dir,
             argv=launch.argv,
@@ -53,6 +80,7 @@ class LocalExecutor:
             starter=self.shims,
             grid_dir=self.grid_dir,
             orphan_grace=self.orphan_grace,
+            sandbox=sandbox,
         )
 
     def reattach(self, agent: Agent) -> AgentHandle:

@@ -192,16 +192,20 @@ class AgentProcess:
         starter: ShimStarter | None = None,
         grid_dir: Path | None = None,
         orphan_grace: float = 60.0,
+        sandbox: dict[str, object] | None = None,
     ) -> AgentProcess:
         """Hand the run to a shim (a spare one already started, when ``starter`` has it)
         and wait until the agent runs. ``run_dir`` is a new one (the pool makes it empty);
         one that already holds a run's spec is refused (``FileExistsError``), not reused.
         ``grid_dir``: the workspace's ``.grid/``; should it be deleted or replaced, the shim
-        stops the agent ``orphan_grace`` seconds later (``shim.WorkspaceWatch``)."""
+        stops the agent ``orphan_grace`` seconds later (``shim.WorkspaceWatch``).
+        ``sandbox``: what the shim binds the agent to before ``exec`` (``landlock.enforce``)."""
         run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         spec: dict[str, object] = {"argv": argv, "cwd": str(cwd), "env": env, "stdin": stdin}
         if grid_dir is not None:
             spec |= {"grid": str(grid_dir), "orphan_grace": orphan_grace}
+        if sandbox is not None:
+            spec["sandbox"] = sandbox
         # 0600: the spec holds the agent's whole environment, API keys included. The shim
         # reads the marshal form (no json import at its start-up); spec.json is for people,
         # with the environment's names only.

@@ -299,10 +299,28 @@ def exec_failure(command: str, exc: OSError, *, search_path: str) -> str:
     return f"{shown}: {exc.strerror}"
 
 
+def _landlock():  # type: ignore[no-untyped-def]  # (no typing import at start-up)
+    """The sandbox module beside us (``landlock.py``, stdlib-only like the shim), loaded
+    only for a sandboxed run: as ``gridd.agents.landlock`` when we are imported, from our
+    own directory when we run as a script (``-I -S``: nothing of gridd's is on the path)."""
+    if __package__:
+        from gridd.agents import landlock
+
+        return landlock
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.append(here)
+    return __import__("landlock")
+
+
 def _spawn(spec: dict[str, object], stdin: int, out: int) -> int:
-    """fork + exec in a new session; an exec failure comes back as ``ExecFailed``."""
+    """fork + exec in a new session; an exec failure comes back as ``ExecFailed``. A run
+    with a ``sandbox`` is bound to it in the child, just before ``exec``: a kernel that
+    cannot enforce it fails the start (``landlock.SandboxUnavailable``), never unconfined."""
     argv = [str(a) for a in spec["argv"]]  # type: ignore[attr-defined]
     env = {str(k): str(v) for k, v in spec["env"].items()}  # type: ignore[attr-defined]
+    sandbox = spec.get("sandbox")
+    landlock = _landlock() if sandbox else None  # type: ignore[no-untyped-call]
     err_r, err_w = os.pipe()
     os.set_inheritable(err_w, False)
     fcntl.fcntl(err_w, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
@@ -316,6 +334,8 @@ def _spawn(spec: dict[str, object], stdin: int, out: int) -> int:
             os.dup2(out, 2)
             os.closerange(3, err_w)
             os.closerange(err_w + 1, 1 << 16)
+            if landlock is not None:
+                landlock.enforce(sandbox)
             try:
                 os.execvpe(argv[0], argv, env)
             except OSError as exc:

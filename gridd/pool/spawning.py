@@ -20,6 +20,7 @@ from pathlib import Path
 from gridd.adapters.base import Adapter
 from gridd.adapters.registry import get_adapter
 from gridd.agents.executor import Launch
+from gridd.agents.sandbox import sandbox_for
 from gridd.agents.watch import RunWatch
 from gridd.errors import GriddError
 from gridd.faults import crash_point
@@ -295,6 +296,16 @@ class Spawner:
         failure = self._previous_failure_file(task.id)
         if failure is not None:
             env["GRID_PREVIOUS_FAILURE"] = str(failure)
+        sandbox = sandbox_for(
+            profile.sandbox,
+            adapter=profile.adapter,
+            worktree=worktree.path,
+            run_dir=run_dir,
+            grid_dir=self.ctx.workspace.grid_dir,
+            home=Path(self.environ.get("HOME") or Path.home()),
+        )
+        if sandbox is not None:
+            env |= {"TMPDIR": sandbox.tmpdir, "TMP": sandbox.tmpdir, "TEMP": sandbox.tmpdir}
         self.ctx.state.update_task(
             task_id,
             attempts=attempt,
@@ -314,13 +325,21 @@ class Spawner:
             adapter=profile.adapter,
             session_number=session_number,
             claim_pending=claim is not None and not claim.done(),
+            sandbox=sandbox.wire() if sandbox is not None else None,
         )
         self.ctx.state.put_agent(agent)  # the intent: found by a restart if we die now
         await self.ctx.state.store.durable()  # (a locked database: no run before its record)
         crash_point(self.ctx.settings, "spawn.recorded")
         try:
             handle = await self.ctx.executor.spawn(
-                Launch(run_dir=run_dir, argv=argv, cwd=worktree.path, env=env, stdin=profile.stdin)
+                Launch(
+                    run_dir=run_dir,
+                    argv=argv,
+                    cwd=worktree.path,
+                    env=env,
+                    stdin=profile.stdin,
+                    sandbox=sandbox,
+                )
             )
         except (GriddError, OSError) as exc:
             message = exc.message if isinstance(exc, GriddError) else describe(exc)

@@ -1,0 +1,101 @@
+"""A run's sandbox: what its agent may write and what it may not read, from its profile.
+
+The policy is decided here, in the daemon, when a run is spawned (``sandbox_for``); the
+kernel enforces it: the shim's child applies it with Landlock just before ``exec``
+(``agents/landlock.py``), so it binds the agent and everything it starts, whatever the
+daemon does later (a restart leaves a running agent's sandbox exactly as it was).
+
+- ``workspace``: the agent writes its own worktree, a private ``TMPDIR`` (``tmp/`` in its
+  run directory) and the profile's ``writable`` paths (by default its CLI's own state, e.g.
+  ``~/.claude`` and ``~/.claude.json`` for the claude adapter); everything else it may read,
+  except the ``hidden`` paths.
+- ``read-only``: the same without the worktree.
+- ``off``: no sandbox (the default, as before the sandbox existed).
+
+Always hidden, whatever the profile says: the workspace's ``.grid/`` (the state database,
+the socket's directory, other runs' directories and every task's worktree; the run's own
+worktree, ``TMPDIR``, output log and heartbeat file are granted back).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gridd.settings import SandboxSettings
+
+#: Per adapter: what its CLI writes besides the worktree, when the profile lists nothing.
+ADAPTER_WRITABLE: dict[str, tuple[str, ...]] = {"claude": ("~/.claude", "~/.claude.json")}
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """One run's sandbox, every path absolute and resolved."""
+
+    mode: str
+    writable: tuple[str, ...]
+    hidden: tuple[str, ...]
+    #: Files the agent may append to, never truncate: its output log, its heartbeat file.
+    appendable: tuple[str, ...]
+    tmpdir: str
+
+    def spec(self, *, abi: int | None = None) -> dict[str, object]:
+        """The form the shim reads (``spec.marshal``); ``abi``: a ceiling on the kernel's
+        Landlock ABI (the test seam for a kernel without it)."""
+        spec: dict[str, object] = {
+            "mode": self.mode,
+            "writable": list(self.writable),
+            "hidden": list(self.hidden),
+            "appendable": list(self.appendable),
+        }
+        if abi is not None:
+            spec["abi"] = abi
+        return spec
+
+    def wire(self) -> dict[str, Any]:
+        """What ``/agents/{id}`` shows."""
+        return {"mode": self.mode, "writable": list(self.writable), "hidden": list(self.hidden)}
+
+
+def _expand(path: str, home: Path) -> str:
+    if path == "~" or path.startswith("~/"):
+        path = str(home) + path[1:]
+    return os.path.realpath(path)
+
+
+def sandbox_for(
+    settings: SandboxSettings,
+    *,
+    adapter: str,
+    worktree: Path,
+    run_dir: Path,
+    grid_dir: Path,
+    home: Path,
+) -> Sandbox | None:
+    """The sandbox of a run of a profile with these ``settings`` (None: mode ``off``).
+    ``~`` in the profile's paths is ``home``; relative paths are the worktree's."""
+    if settings.mode == "off":
+        return None
+    listed = settings.writable if settings.writable is not None else ADAPTER_WRITABLE.get(adapter)
+    tmpdir = os.path.realpath(run_dir / "tmp")
+    writable = [tmpdir]
+    if settings.mode == "workspace":
+        writable.insert(0, os.path.realpath(worktree))
+    writable += [
+        _expand(str(worktree / p) if not p.startswith(("/", "~")) else p, home)
+        for p in listed or ()
+    ]
+    hidden = [_expand(p, home) for p in settings.hidden]
+    hidden.append(os.path.realpath(grid_dir))
+    appendable = tuple(
+        os.path.realpath(run_dir / name) for name in ("output.log", "heartbeat.ndjson")
+    )
+    return Sandbox(
+        mode=settings.mode,
+        writable=tuple(dict.fromkeys(writable)),
+        hidden=tuple(dict.fromkeys(hidden)),
+        appendable=appendable,
+        tmpdir=tmpdir,
+    )

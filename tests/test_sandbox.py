@@ -1,0 +1,181 @@
+"""A sandboxed agent cannot hurt the machine: the kernel (Landlock, applied by the shim just
+before ``exec``) refuses its writes outside its worktree and its reads of hidden paths, for
+it and for whatever it leaves behind, while its own work is committed and merged as usual.
+
+Real daemon, real shims, real processes on this kernel; each attack is also run with the
+sandbox off (the control), where it succeeds, so the tests prove the sandbox did it.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gridd.agents import landlock
+from tests.helpers import (
+    agent_command,
+    core_daemon,
+    git_show,
+    restartable_daemon,
+    wait_for,
+    wait_task_status,
+    write_core_config,
+)
+
+pytestmark = pytest.mark.skipif(landlock.abi_version() < 1, reason="this kernel offers no Landlock")
+
+ETC_PROBE = Path("/etc/gridd-sandbox-test")
+ATTACKS = [
+    "home",
+    "outside",
+    "etc",
+    "other_worktree",
+    "db",
+    "git_config",
+    "git_hook",
+    "ssh_key",
+    "symlink",
+    "hardlink",
+]
+
+
+@pytest.fixture
+def home() -> Iterator[Path]:
+    """A home directory for the daemon and its agents, with a fixture SSH key."""
+    with tempfile.TemporaryDirectory(prefix="gh") as d:
+        (Path(d) / ".ssh").mkdir(mode=0o700)
+        (Path(d) / ".ssh" / "id_test").write_text("-----BEGIN TEST KEY-----\n")
+        yield Path(d)
+
+
+@pytest.fixture
+def outside() -> Iterator[Path]:
+    """A directory outside every worktree, with a file to hard-link to."""
+    with tempfile.TemporaryDirectory(prefix="go") as d:
+        (Path(d) / "victim.txt").write_text("not yours\n")
+        yield Path(d)
+
+
+def _config(repo: Path, outside: Path, mode: str, *, wait: bool = False) -> None:
+    other = repo / ".grid" / "worktrees" / "victim"
+    attack = [str(outside), str(repo), str(other), *(["wait"] if wait else [])]
+    write_core_config(
+        repo,
+        agents={
+            "boxed": {
+                "command": agent_command("sandbox_attacks.py", *attack),
+                "sandbox": {"mode": mode},
+            },
+            "plain": {"command": agent_command("hang.py", str(outside))},
+        },
+        scheduler={"default_agent": "boxed"},
+    )
+
+
+def _attack(repo: Path, home: Path, outside: Path, mode: str) -> dict[str, dict[str, str]]:
+    """Run the attacking agent beside another task's live agent; approve its work and see
+    it merged. What each attack came to, for the agent and for its grandchild."""
+    _config(repo, outside, mode)
+    try:
+        with core_daemon(repo, env={"HOME": str(home)}) as daemon:
+            c = daemon.client()
+            c.post("/tasks", {"id": "victim", "title": "another task", "agent": "plain"})
+            c.post("/tasks", {"id": "boxed", "title": "attacks", "maxAttempts": 1})
+            c.post("/session/start", {"featureBranch": "feature/box", "maxAgents": 2})
+            wait_task_status(c, "boxed", "review", timeout=60)
+            c.post("/tasks/boxed/approve")
+            wait_task_status(c, "boxed", "done", timeout=60)
+            merged = {
+                who: git_show(repo, f"feature/box:{who}.json") for who in ("attacks", "grandchild")
+            }
+            (agent,) = [a for a in c.get("/agents", params={"all": "1"}) if a["taskId"] == "boxed"]
+            if mode != "off":
+                assert agent["sandbox"]["mode"] == mode
+    finally:
+        ETC_PROBE.unlink(missing_ok=True)
+    assert merged["attacks"] and merged["grandchild"], "the agent's work was not merged"
+    return {who: json.loads(text or "{}") for who, text in merged.items()}
+
+
+def test_a_workspace_sandbox_refuses_every_attack_and_still_merges_the_work(
+    repo: Path, home: Path, outside: Path
+) -> None:
+    results = _attack(repo, home, outside, "workspace")
+    for who, result in results.items():
+        assert result == dict.fromkeys(ATTACKS, "denied"), who
+    assert not ETC_PROBE.exists()
+    assert (outside / "victim.txt").read_text() == "not yours\n"
+    assert sorted(p.name for p in home.iterdir()) == [".ssh"]
+
+
+def test_without_the_sandbox_every_attack_succeeds(repo: Path, home: Path, outside: Path) -> None:
+    """The control: the same agent, mode off, does every one of them."""
+    results = _attack(repo, home, outside, "off")
+    for who, result in results.items():
+        assert result == dict.fromkeys(ATTACKS, "allowed"), who
+
+
+def test_a_kernel_without_landlock_starts_no_sandboxed_run(
+    repo: Path, home: Path, outside: Path
+) -> None:
+    """``[daemon] landlock_abi = 0`` stands for such a kernel: the run never starts, and
+    the task says why. It never runs unconfined."""
+    _config(repo, outside, "workspace")
+    with (repo / ".grid" / "config.toml").open("a") as config:
+        config.write("\n[daemon]\nlandlock_abi = 0\n")
+    with core_daemon(repo, env={"HOME": str(home)}) as daemon:
+        c = daemon.client()
+        c.post("/tasks", {"id": "boxed", "title": "attacks", "maxAttempts": 1})
+        c.post("/session/start", {"maxAgents": 1})
+        task = wait_task_status(c, "boxed", "failed", timeout=30)
+        assert str(task["error"]).startswith("could not start the agent: sandbox_unavailable:")
+        assert "needs Landlock" in str(task["error"])
+        (agent,) = c.get("/agents", params={"all": "1"})
+        assert agent["pid"] is None
+        assert not (Path(agent["runDir"]) / "agent.json").exists()
+    assert not list(outside.glob("x-*"))
+
+
+def test_a_sandboxed_run_survives_a_daemon_restart_with_its_sandbox_intact(
+    repo: Path, home: Path, outside: Path
+) -> None:
+    """The agent was bound by the kernel before the daemon went: the restarted daemon
+    reattaches the same shim and agent, and the agent's attacks are still refused."""
+    _config(repo, outside, "workspace", wait=True)
+    try:
+        with restartable_daemon(repo, env={"HOME": str(home)}) as grid:
+            c = grid.client()
+            c.post("/tasks", {"id": "victim", "title": "another task", "agent": "plain"})
+            c.post("/tasks", {"id": "boxed", "title": "attacks", "maxAttempts": 1})
+            c.post("/session/start", {"featureBranch": "feature/box", "maxAgents": 2})
+
+            def boxed_agent() -> dict[str, object] | None:
+                found = [a for a in c.get("/agents") if a["taskId"] == "boxed" and a["pid"]]
+                return found[0] if found else None
+
+            before = wait_for(boxed_agent, timeout=30, message="the sandboxed agent to run")
+            run_dir = Path(before["runDir"])
+            wait_for(
+                lambda: "waiting" in (run_dir / "output.log").read_text(),
+                timeout=30,
+                message="the agent to wait",
+            )
+            grid.kill9()
+            grid.start()
+            after = wait_for(boxed_agent, timeout=30, message="the agent reattached")
+            assert (after["pid"], after["shimPid"]) == (before["pid"], before["shimPid"])
+            assert after["sandbox"] == before["sandbox"]
+            (Path(after["worktreePath"]) / "go").touch()
+            wait_task_status(c, "boxed", "review", timeout=60)
+            results = {
+                who: json.loads(git_show(repo, f"grid/boxed:{who}.json") or "{}")
+                for who in ("attacks", "grandchild")
+            }
+    finally:
+        ETC_PROBE.unlink(missing_ok=True)
+    for who, result in results.items():
+        assert result == dict.fromkeys(ATTACKS, "denied"), who

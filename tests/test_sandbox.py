@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gridd.agents import landlock
+from gridd.client import GridClient
 from tests.helpers import (
     agent_command,
     core_daemon,
@@ -76,6 +77,13 @@ def _config(repo: Path, outside: Path, mode: str, *, wait: bool = False) -> None
     )
 
 
+def _start(c: GridClient) -> None:
+    """The attacker's task and another task, whose agent runs meanwhile, in a session."""
+    c.post("/tasks", {"id": "victim", "title": "another task", "agent": "plain"})
+    c.post("/tasks", {"id": "boxed", "title": "attacks", "maxAttempts": 1})
+    c.post("/session/start", {"featureBranch": "feature/box", "maxAgents": 2})
+
+
 def _attack(repo: Path, home: Path, outside: Path, mode: str) -> dict[str, dict[str, str]]:
     """Run the attacking agent beside another task's live agent; approve its work and see
     it merged. What each attack came to, for the agent and for its grandchild."""
@@ -83,9 +91,7 @@ def _attack(repo: Path, home: Path, outside: Path, mode: str) -> dict[str, dict[
     try:
         with core_daemon(repo, env={"HOME": str(home)}) as daemon:
             c = daemon.client()
-            c.post("/tasks", {"id": "victim", "title": "another task", "agent": "plain"})
-            c.post("/tasks", {"id": "boxed", "title": "attacks", "maxAttempts": 1})
-            c.post("/session/start", {"featureBranch": "feature/box", "maxAgents": 2})
+            _start(c)
             wait_task_status(c, "boxed", "review", timeout=60)
             c.post("/tasks/boxed/approve")
             wait_task_status(c, "boxed", "done", timeout=60)
@@ -149,9 +155,7 @@ def test_a_sandboxed_run_survives_a_daemon_restart_with_its_sandbox_intact(
     try:
         with restartable_daemon(repo, env={"HOME": str(home)}) as grid:
             c = grid.client()
-            c.post("/tasks", {"id": "victim", "title": "another task", "agent": "plain"})
-            c.post("/tasks", {"id": "boxed", "title": "attacks", "maxAttempts": 1})
-            c.post("/session/start", {"featureBranch": "feature/box", "maxAgents": 2})
+            _start(c)
 
             def boxed_agent() -> dict[str, object] | None:
                 found = [a for a in c.get("/agents") if a["taskId"] == "boxed" and a["pid"]]

@@ -1,0 +1,177 @@
+"""Where a remote run's box is: the engine protocol, and the box in a local directory.
+
+A box is one run's isolated place (a container, a pod) named by the run: creating it is
+the claim (``create`` fails when the name is taken, so a run never has two copies). The
+remote executor (``agents/remote.py``) talks to a box only through an engine: put files in
+before it starts, start its main process (the in-box shim, ``agents/boxshim.py``), exec
+the shim's commands, find boxes again by label, remove one. Engines differ only in where
+the box is: ``agents/podman.py`` (containers), ``DirectoryBoxes`` here (a directory and a
+process group on this machine: the protocol with no container in the way).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from gridd.errors import Conflict, GriddError
+
+#: The in-box shim, put into every box.
+BOXSHIM = Path(__file__).with_name("boxshim.py")
+
+
+class BoxGone(GriddError):
+    """The box is not there (removed, or its node lost)."""
+
+    code = "box_gone"
+
+
+class BoxError(GriddError):
+    """The engine failed to do what was asked; may pass."""
+
+    code = "box_failed"
+    transient = True
+
+
+@dataclass(frozen=True)
+class BoxInfo:
+    name: str
+    running: bool
+    labels: dict[str, str]
+
+
+class Engine(Protocol):
+    """The box's engine. ``root`` is where the box keeps its run (the shim's ``<root>``)."""
+
+    kind: str
+    root: str
+
+    def create(self, name: str, *, labels: dict[str, str], files: dict[str, bytes]) -> None:
+        """Create the box (``Conflict`` when the name is taken) with ``files`` (paths
+        relative to ``root``) in it, and start the in-box shim's ``run``."""
+
+    def exec(self, name: str, args: list[str], *, stdin: bytes = b"") -> bytes:
+        """Run ``boxshim.py <args>`` in the box; its stdout. ``BoxGone``, ``BoxError``."""
+
+    def find(self, labels: dict[str, str]) -> list[BoxInfo]:
+        """The boxes carrying all of ``labels``."""
+
+    def info(self, name: str) -> BoxInfo | None: ...
+
+    def remove(self, name: str) -> None:
+        """Remove the box and all in it (nothing when it is not there)."""
+
+
+class DirectoryBoxes:
+    """Boxes as directories under ``base`` on this machine, the shim started detached in
+    its own session. No isolation: it proves the protocol (nothing shared with the daemon
+    but what goes through ``create`` and ``exec``) where no container engine is."""
+
+    kind = "directory"
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.root = ""  # per box: the directory itself
+
+    def _dir(self, name: str) -> Path:
+        return self.base / name
+
+    def create(self, name: str, *, labels: dict[str, str], files: dict[str, bytes]) -> None:
+        box = self._dir(name)
+        self.base.mkdir(parents=True, exist_ok=True)
+        try:
+            box.mkdir(mode=0o700)
+        except FileExistsError:
+            raise Conflict(f"box {name} exists", code="box_exists") from None
+        (box / "labels").write_text("".join(f"{k}={v}\n" for k, v in sorted(labels.items())))
+        (box / "boxshim.py").write_bytes(BOXSHIM.read_bytes())
+        for rel, data in files.items():
+            (box / rel).write_bytes(data)
+        # Through sh, so that the shim is nobody's child here: it outlives the daemon as a
+        # container does, and no daemon leaves it a zombie. Its own session: one group.
+        launched = subprocess.run(
+            [
+                "/bin/sh",
+                "-c",
+                '"$@" >>"$0/shim.log" 2>&1 </dev/null & echo $!',
+                str(box),
+                sys.executable,
+                "-I",
+                "-S",
+                str(box / "boxshim.py"),
+                "run",
+                str(box),
+            ],
+            capture_output=True,
+            check=True,
+            start_new_session=True,
+        )
+        pid = int(launched.stdout)
+        (box / "shim.pid").write_text(f"{pid} {os.getpgid(pid)}")
+
+    def exec(self, name: str, args: list[str], *, stdin: bytes = b"") -> bytes:
+        box = self._dir(name)
+        if not box.is_dir():
+            raise BoxGone(f"box {name} is gone", details={"box": name})
+        argv = [sys.executable, "-I", "-S", str(box / "boxshim.py"), args[0], str(box), *args[1:]]
+        done = subprocess.run(argv, input=stdin, capture_output=True, check=False)
+        if done.returncode != 0:
+            if not box.is_dir():
+                raise BoxGone(f"box {name} is gone", details={"box": name})
+            raise BoxError(
+                f"box {name}: {args[0]} failed: {done.stderr.decode(errors='replace')[-500:]}",
+                details={"box": name},
+            )
+        return done.stdout
+
+    def _labels(self, box: Path) -> dict[str, str]:
+        try:
+            lines = (box / "labels").read_text().splitlines()
+        except OSError:
+            return {}
+        return dict(line.split("=", 1) for line in lines if "=" in line)
+
+    def _running(self, box: Path) -> bool:
+        try:
+            pid = int((box / "shim.pid").read_text())
+            os.kill(pid, 0)
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def info(self, name: str) -> BoxInfo | None:
+        box = self._dir(name)
+        if not box.is_dir():
+            return None
+        return BoxInfo(name, self._running(box), self._labels(box))
+
+    def find(self, labels: dict[str, str]) -> list[BoxInfo]:
+        if not self.base.is_dir():
+            return []
+        found = []
+        for box in sorted(self.base.iterdir()):
+            have = self._labels(box)
+            if all(have.get(k) == v for k, v in labels.items()):
+                found.append(BoxInfo(box.name, self._running(box), have))
+        return found
+
+    def remove(self, name: str) -> None:
+        box = self._dir(name)
+        try:  # the agent has a session of its own in the box
+            agent = json.loads((box / "run" / "agent.json").read_text())
+            os.killpg(int(agent["pid"]), signal.SIGKILL)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        try:
+            pid = int((box / "shim.pid").read_text())
+            os.killpg(pid, signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+        shutil.rmtree(box, ignore_errors=True)

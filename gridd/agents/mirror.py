@@ -1,0 +1,158 @@
+"""The daemon's mirror of a remote run directory: what the pool watches, whatever the box.
+
+The pool watches a local run directory (``output.log``, ``heartbeat.ndjson``, ``exit.json``;
+``pool/watching.py``). For a run in a box the mirror makes that directory: each look asks
+the in-box shim (``agents/boxshim.py`` ``poll``) for the bytes past the mirror's own sizes
+and appends them, so every byte is copied exactly once and in order, and a restarted
+daemon resumes from the offset its files already have. Once the box says the agent
+exited, the mirror reads the rest, brings the result branch into the task's worktree
+(a bundle, fetched and fast-forwarded), and only then writes ``exit.json``: the last file,
+as the local shim writes it, so that whoever sees it finds the output and the result in.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gridd.agents.boxes import BoxError, BoxGone, Engine
+
+log = logging.getLogger(__name__)
+
+#: Bytes of each file per look: a flood is copied over several looks, in order.
+CHUNK = 1 << 20
+MIRRORED = ("output.log", "heartbeat.ndjson")
+
+
+@dataclass
+class RunMirror:
+    """One run: its local directory, its box, and where the result goes."""
+
+    run_dir: Path
+    engine: Engine
+    box: str
+    #: The task's worktree (on this machine) and branch, and the commit the box started on.
+    worktree: Path
+    branch: str
+    base: str
+    #: What the last look saw: the box's agent.json, whether the box is there.
+    agent: dict[str, Any] | None = None
+    running: bool = True
+    lost: str | None = None
+    done: bool = False
+    highest_inbox: int = 0
+    failures: int = field(default=0, repr=False)
+
+    def exit_path(self) -> Path:
+        return self.run_dir / "exit.json"
+
+    def look(self) -> bool:
+        """Copy what is new; finish the run once the box says it exited. True when
+        something changed (copied, finished or lost)."""
+        if self.done or self.exit_path().exists():
+            self.done = True
+            return False
+        sizes = {name: _size(self.run_dir / name) for name in MIRRORED}
+        try:
+            raw = self.engine.exec(
+                self.box, ["poll", str(sizes[MIRRORED[0]]), str(sizes[MIRRORED[1]]), str(CHUNK)]
+            )
+        except BoxGone as exc:
+            self.running = False
+            self.lost = exc.message
+            return True
+        except BoxError as exc:
+            self.failures += 1
+            log.warning("run %s: looking at box %s failed: %s", self.run_dir.name, self.box, exc)
+            return False
+        self.failures = 0
+        head, _, body = raw.partition(b"\n")
+        state = json.loads(head)
+        self.agent = state.get("agent") or self.agent
+        self.highest_inbox = max(self.highest_inbox, int(state.get("inbox") or 0))
+        copied = 0
+        for name in MIRRORED:
+            n = int(state["sizes"][name])
+            data, body = body[:n], body[n:]
+            if data:
+                _append(self.run_dir / name, data)
+                copied += len(data)
+        if self.agent is not None and not (self.run_dir / "agent.json").exists():
+            _write_atomic(self.run_dir / "agent.json", json.dumps(self.agent).encode())
+        box_exit = state.get("exit")
+        if box_exit is not None and copied == 0:
+            # Exited, and nothing was left to copy (the last look read to the end).
+            self._finish(box_exit)
+            return True
+        return copied > 0
+
+    def _finish(self, box_exit: dict[str, Any]) -> None:
+        record = {
+            "exitCode": box_exit.get("exitCode"),
+            "signal": box_exit.get("signal"),
+            "error": box_exit.get("error"),
+        }
+        head = box_exit.get("head")
+        if head and head != self.base and record["error"] is None:
+            try:
+                self._fetch_result(head)
+            except (OSError, subprocess.CalledProcessError, BoxError) as exc:
+                stderr = getattr(exc, "stderr", b"") or b""
+                record["error"] = (
+                    f"the result branch could not be brought back from box {self.box}: {exc}"
+                    f" {stderr.decode(errors='replace').strip()}"
+                )
+                if isinstance(exc, BoxError):
+                    return  # transient: try again at the next look
+        _write_atomic(self.exit_path(), json.dumps(record).encode())
+        self.done = True
+        self.running = False
+
+    def _fetch_result(self, head: str) -> None:
+        """The box's branch into the task's worktree: fetched from its bundle, then a
+        fast-forward (the worktree is the task's, at the base the box started from)."""
+        bundle = self.engine.exec(self.box, ["cat", "result.bundle"])
+        fd, name = tempfile.mkstemp(prefix="result-", suffix=".bundle", dir=self.run_dir)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(bundle)
+            git = ["git", "-C", str(self.worktree)]
+            subprocess.run(
+                [*git, "fetch", "--quiet", "--no-tags", name, self.branch],
+                check=True,
+                capture_output=True,
+            )
+            subprocess.run(
+                [*git, "merge", "--quiet", "--ff-only", head], check=True, capture_output=True
+            )
+        finally:
+            os.unlink(name)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _append(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)

@@ -1,0 +1,303 @@
+"""The remote executor: each run in a box of its own (a container, a pod), one protocol.
+
+An ``Executor`` (``agents/executor.py``) over an ``Engine`` (``agents/boxes.py``). A spawn:
+
+1. writes ``remote.json`` into the (local, new) run directory: which box, which worktree;
+2. bundles the task's branch (``git bundle``: the repository in, no credentials needed);
+3. creates the box named after the run, with the bundle, the spec and the in-box shim
+   (``agents/boxshim.py``). Creating it is the claim: a name taken fails the spawn, so a
+   run never has two copies. The shim clones the bundle and starts the agent;
+4. waits for the shim's ``agent.json`` (or its ``exit.json``), as the local executor does.
+
+From then on one thread keeps every run's mirror (``agents/mirror.py``): output and
+heartbeats copied by offset, and ``exit.json`` written last, once the output is drained
+and the result branch is in the task's worktree. Then the box is removed. Stdin goes to
+the box's inbox (``write_stdin``: numbered messages, each put once); a signal is the
+shim's ``signal`` command. A restarted daemon finds a run's box again by its name
+(``reattach``) and the mirror resumes from the sizes its files have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import subprocess
+import threading
+from pathlib import Path
+
+from gridd.agents.boxes import BoxError, BoxGone, Engine
+from gridd.agents.executor import AgentHandle, ExitStatus, Launch
+from gridd.agents.mirror import RunMirror
+from gridd.errors import Conflict, GriddError
+from gridd.model import Agent
+
+log = logging.getLogger(__name__)
+
+#: How often the mirror looks at each running box.
+LOOK_SECONDS = 0.1
+REMOTE = "remote.json"
+
+
+class RemoteSpawnError(GriddError):
+    code = "spawn_failed"
+    transient = True
+
+
+def box_name(workspace: Path, run_dir: Path) -> str:
+    """The run's box: the run's name, with the workspace's (boxes of several workspaces
+    share an engine)."""
+    tag = hashlib.sha256(str(workspace).encode()).hexdigest()[:8]
+    return f"grid-{tag}-{run_dir.name}"
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+class RemoteHandle:
+    """One run in a box, as the pool sees it: through its mirror."""
+
+    shim_pid: int | None = None
+    shim_create_time: float | None = None
+
+    def __init__(self, mirror: RunMirror, lock: threading.Lock) -> None:
+        self.mirror = mirror
+        self.run_dir = mirror.run_dir
+        self._lock = lock  # one inbox message at a time: their numbers are in order
+        self.pid: int | None = None
+        self.create_time: float | None = None
+        self._pick_up()
+
+    def _pick_up(self) -> None:
+        agent = self.mirror.agent
+        if self.pid is None and agent is not None:
+            self.pid = int(agent["pid"])
+            self.create_time = float(agent["startedAt"])
+
+    def exit_status(self) -> ExitStatus | None:
+        try:
+            data = json.loads(self.mirror.exit_path().read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        return ExitStatus(data.get("exitCode"), data.get("signal"), data.get("error"))
+
+    def alive(self) -> bool:
+        self._pick_up()
+        return self.pid is not None and self.mirror.running and not self.mirror.done
+
+    def group_alive(self) -> bool:
+        return self.alive()
+
+    def shim_alive(self) -> bool:
+        """The box is there (or its result is still being brought in)."""
+        return self.mirror.lost is None
+
+    def signal(self, sig: int) -> bool:
+        if not self.alive():
+            return False
+        try:
+            return self.mirror.engine.exec(self.mirror.box, ["signal", str(int(sig))]) == b"1\n"
+        except (BoxGone, BoxError) as exc:
+            log.warning("signal to box %s failed: %s", self.mirror.box, exc)
+            return False
+
+    def _put(self, data: bytes, kind: str) -> None:
+        with self._lock:
+            seq = self.mirror.highest_inbox + 1
+            try:
+                answer = self.mirror.engine.exec(
+                    self.mirror.box, ["put", str(seq), str(len(data)), kind], stdin=data
+                )
+            except BoxGone:
+                raise Conflict(
+                    "the agent's box is gone; it is not reading its stdin",
+                    code="agent_not_listening",
+                ) from None
+            if answer.strip() != b"new":
+                raise Conflict(f"inbox message {seq} was not taken ({answer!r})", code="stdin_full")
+            self.mirror.highest_inbox = seq
+
+    def close_stdin(self) -> bool:
+        if not self.alive():
+            return False
+        self._put(b"", "close")
+        return True
+
+    def write_stdin(self, text: str) -> None:
+        if self.exit_status() is not None or self.mirror.lost is not None:
+            raise Conflict("the agent has exited", code="agent_not_listening")
+        self._put((text if text.endswith("\n") else text + "\n").encode(), "msg")
+
+
+class RemoteExecutor:
+    """Runs each agent in a box of ``engine``; one thread mirrors them all."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        workspace: Path,
+        spawn_timeout: float = 30.0,
+        labels: dict[str, str] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.workspace = workspace
+        self.spawn_timeout = spawn_timeout
+        self.labels = {"grid.workspace": hashlib.sha256(str(workspace).encode()).hexdigest()[:16]}
+        self.labels |= labels or {}
+        self.mirrors: dict[Path, RunMirror] = {}
+        self._lock = threading.Lock()
+        self._inbox_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="gridd-mirror", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(LOOK_SECONDS):
+            with self._lock:
+                mirrors = list(self.mirrors.values())
+            for mirror in mirrors:
+                self._look(mirror)
+
+    def _look(self, mirror: RunMirror) -> None:
+        try:
+            while mirror.look():  # until nothing more is new: a flood is copied in a row
+                if mirror.done or mirror.lost:
+                    break
+        except Exception:
+            log.exception("mirror of %s failed", mirror.run_dir)
+            return
+        if mirror.done:
+            self.engine.remove(mirror.box)
+        if mirror.done or mirror.lost:
+            with self._lock:
+                self.mirrors.pop(mirror.run_dir, None)
+
+    # -- the seam ------------------------------------------------------------------------
+
+    async def spawn(self, launch: Launch) -> AgentHandle:
+        mirror = await asyncio.to_thread(self._create, launch)
+        handle = RemoteHandle(mirror, self._inbox_lock)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.spawn_timeout
+        while handle.pid is None and handle.exit_status() is None:
+            if mirror.lost is not None:
+                raise RemoteSpawnError(f"box {mirror.box} went away: {mirror.lost}")
+            if loop.time() > deadline:
+                # Given up on: the box goes, so that it can never start the agent later.
+                await asyncio.to_thread(self._forget, mirror)
+                raise RemoteSpawnError(
+                    f"box {mirror.box} did not start the agent within {self.spawn_timeout:g}s;"
+                    " it is removed",
+                    details={"runDir": str(launch.run_dir)},
+                )
+            await asyncio.sleep(0.02)
+            handle._pick_up()
+        return handle
+
+    def _create(self, launch: Launch) -> RunMirror:
+        worktree = launch.cwd
+        branch = _git(worktree, "symbolic-ref", "--short", "HEAD")
+        base = _git(worktree, "rev-parse", "HEAD")
+        name = box_name(self.workspace, launch.run_dir)
+        launch.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        remote = {
+            "engine": self.engine.kind,
+            "box": name,
+            "worktree": str(worktree),
+            "branch": branch,
+            "base": base,
+        }
+        with open(launch.run_dir / REMOTE, "x") as fh:  # a run directory is never reused
+            json.dump(remote, fh)
+        bundle = subprocess.run(
+            ["git", "-C", str(worktree), "bundle", "create", "-q", "-", branch],
+            check=True,
+            capture_output=True,
+        ).stdout
+        spec = {
+            "argv": launch.argv,
+            "env": launch.env,
+            "stdin": launch.stdin,
+            "branch": branch,
+            "base": base,
+        }
+        labels = self.labels | {"grid.run": launch.run_dir.name}
+        task = launch.env.get("GRID_TASK_ID")
+        if task:
+            labels["grid.task"] = task
+        try:
+            self.engine.create(
+                name,
+                labels=labels,
+                files={"spec.json": json.dumps(spec).encode(), "base.bundle": bundle},
+            )
+        except BoxError as exc:
+            raise RemoteSpawnError(f"could not create box {name}: {exc.message}") from exc
+        return self._mirror(launch.run_dir, remote)
+
+    def _mirror(self, run_dir: Path, remote: dict[str, str]) -> RunMirror:
+        mirror = RunMirror(
+            run_dir=run_dir,
+            engine=self.engine,
+            box=remote["box"],
+            worktree=Path(remote["worktree"]),
+            branch=remote["branch"],
+            base=remote["base"],
+        )
+        mirror.look()
+        with self._lock:
+            self.mirrors[run_dir] = mirror
+        return mirror
+
+    def _forget(self, mirror: RunMirror) -> None:
+        with self._lock:
+            self.mirrors.pop(mirror.run_dir, None)
+        self.engine.remove(mirror.box)
+
+    def reattach(self, agent: Agent) -> AgentHandle:
+        run_dir = Path(agent.run_dir)
+        try:
+            remote = json.loads((run_dir / REMOTE).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            remote = None
+        if remote is None:
+            mirror = RunMirror(
+                run_dir=run_dir, engine=self.engine, box="", worktree=run_dir, branch="", base=""
+            )
+            mirror.lost = "the daemon died before it made the run's box"
+            mirror.running = False
+            return RemoteHandle(mirror, self._inbox_lock)
+        with self._lock:
+            known = self.mirrors.get(run_dir)
+        mirror = known or self._mirror(run_dir, remote)
+        return RemoteHandle(mirror, self._inbox_lock)
+
+    def fence(self, run_dir: Path) -> bool:
+        """A run recorded but not known to run: its box, if there is one, runs it (False);
+        otherwise none ever will, since only this daemon creates boxes (True)."""
+        name = box_name(self.workspace, run_dir)
+        return self.engine.info(name) is None
+
+    def where(self, run_dir: Path) -> dict[str, str] | None:
+        """Where a run executes (for ``/agents/{id}``)."""
+        try:
+            remote = json.loads((run_dir / REMOTE).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        return {"executor": self.engine.kind, "box": remote["box"]}

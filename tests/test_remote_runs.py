@@ -1,0 +1,155 @@
+"""The remote run protocol: a run in a box of its own, mirrored into the local run
+directory the pool watches. The box here is a directory with the real in-box shim
+(``DirectoryBoxes``): nothing passes between daemon and box but the engine's create and
+exec, so these are the protocol's guarantees whatever the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from gridd.agents.boxes import DirectoryBoxes
+from gridd.agents.remote import RemoteExecutor
+from gridd.grid import Grid
+from gridd.model import TaskStatus
+from gridd.specs import PlanSpec, SessionStart, normalise_plan
+from tests.helpers import agent_command, git_show, inprocess_daemon, kill_workspace_agents
+
+
+async def until(predicate: Callable[[], object], *, timeout: float = 30.0, what: str = "") -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def start_tasks(grid: Grid, *tasks: dict[str, str]) -> None:
+    grid.commands.create_tasks(
+        PlanSpec.model_validate(normalise_plan({"tasks": list(tasks)})).tasks
+    )
+    grid.commands.start_session(SessionStart.model_validate({"maxAgents": 2}))
+
+
+def config(**agents: list[str]) -> dict[str, object]:
+    return {
+        "scheduler": {"default_agent": next(iter(agents)), "tick_seconds": 0.25},
+        "agents": {name: {"command": argv} for name, argv in agents.items()},
+    }
+
+
+async def test_a_boxed_run_takes_answers_through_its_inbox_and_its_branch_comes_back(
+    repo: Path, tmp_path: Path
+) -> None:
+    boxes = DirectoryBoxes(tmp_path / "boxes")
+    executor = RemoteExecutor(boxes, workspace=repo)
+    try:
+        async with inprocess_daemon(
+            repo, config(reader=agent_command("read_line.py")), executor=executor
+        ) as daemon:
+            grid: Grid = daemon.grid
+            start_tasks(grid, {"id": "raw", "title": "read a line"})
+            await until(
+                lambda: any(
+                    a.last_output == "ready for a line" for a in grid.state.agents.values()
+                ),
+                what="the boxed agent's first line, mirrored",
+            )
+            [agent] = grid.state.agents.values()
+            run_dir = Path(agent.run_dir)
+            box = json.loads((run_dir / "remote.json").read_text())["box"]
+            assert (tmp_path / "boxes" / box / "work").is_dir()  # it works in the box's clone
+            grid.commands.respond(agent.id, "just some text")
+            await until(lambda: grid.state.tasks["raw"].status == TaskStatus.REVIEW, what="review")
+            assert git_show(repo, "grid/raw:answer.txt") == "just some text\n"
+            assert (run_dir / "output.log").read_text() == "ready for a line\ngot a line\n"
+            assert json.loads((run_dir / "exit.json").read_text())["exitCode"] == 0
+            await until(lambda: not (tmp_path / "boxes" / box).exists(), what="the box removed")
+    finally:
+        kill_workspace_agents(repo)
+
+
+async def test_a_restarted_daemon_reattaches_to_the_box_and_its_output_stays_contiguous(
+    repo: Path, tmp_path: Path
+) -> None:
+    control = tmp_path / "control"
+    control.mkdir()
+    boxes = DirectoryBoxes(tmp_path / "boxes")
+    cfg = config(lines=agent_command("lines.py", str(control), "400"))
+    try:
+        async with inprocess_daemon(
+            repo, cfg, executor=RemoteExecutor(boxes, workspace=repo)
+        ) as daemon:
+            grid: Grid = daemon.grid
+            start_tasks(grid, {"id": "burst", "title": "many lines"})
+            await until(
+                lambda: any(a.last_output == "burst ready" for a in grid.state.agents.values()),
+                what="the agent ready",
+            )
+            [agent] = grid.state.agents.values()
+            # The daemon goes; the box and its agent do not. Everything below is written
+            # while no daemon is there.
+        (control / "go").touch()
+        await until(lambda: (control / "burst.done").exists(), what="the burst written")
+        (control / "end").touch()
+        async with inprocess_daemon(
+            repo, cfg, executor=RemoteExecutor(boxes, workspace=repo)
+        ) as daemon:
+            grid = daemon.grid
+            await until(
+                lambda: grid.state.tasks["burst"].status == TaskStatus.REVIEW, what="review"
+            )
+            [again] = grid.state.agents.values()
+            assert again.id == agent.id  # the same run, reattached: no second one
+        lines = (Path(agent.run_dir) / "output.log").read_text().splitlines()
+        assert lines == ["burst ready"] + [f"burst line {n}" for n in range(1, 401)]
+    finally:
+        kill_workspace_agents(repo)
+
+
+async def test_a_cancelled_boxed_run_is_stopped_in_its_box_and_the_box_goes(
+    repo: Path, tmp_path: Path
+) -> None:
+    boxes = DirectoryBoxes(tmp_path / "boxes")
+    cfg = config(hang=agent_command("hang.py", str(tmp_path)))
+    try:
+        async with inprocess_daemon(
+            repo, cfg, executor=RemoteExecutor(boxes, workspace=repo)
+        ) as daemon:
+            grid: Grid = daemon.grid
+            start_tasks(grid, {"id": "stuck", "title": "never ends"})
+            await until(lambda: (tmp_path / "stuck.pids").exists(), what="the hang agent")
+            [agent] = grid.state.agents.values()
+            await grid.commands.cancel_task("stuck")
+            await until(lambda: not grid.state.live_agents(), what="the agent stopped")
+            status = json.loads((Path(agent.run_dir) / "exit.json").read_text())
+            assert status["exitCode"] != 0 or status["signal"] is not None
+            await until(lambda: list(boxes.find({})) == [], what="the box removed")
+    finally:
+        kill_workspace_agents(repo)
+
+
+def test_the_in_box_inbox_keeps_each_numbered_message_once(tmp_path: Path) -> None:
+    boxes = DirectoryBoxes(tmp_path / "boxes")
+    boxes.base.mkdir()
+    (boxes.base / "b").mkdir()
+    shim = [str(Path(__import__("gridd").__file__).parent / "agents" / "boxshim.py")]
+    root = str(boxes.base / "b")
+
+    def put(seq: int, data: bytes) -> str:
+        done = subprocess.run(
+            ["python3", "-I", "-S", *shim, "put", root, str(seq), str(len(data)), "msg"],
+            input=data,
+            capture_output=True,
+            check=True,
+        )
+        return done.stdout.decode().strip()
+
+    assert put(1, b"first\n") == "new"
+    assert put(1, b"first\n") == "dup"  # a retried put is not a second message
+    assert put(2, b"second\n") == "new"
+    inbox = boxes.base / "b" / "run" / "inbox"
+    assert sorted(p.name for p in inbox.iterdir()) == ["00000001.msg", "00000002.msg"]

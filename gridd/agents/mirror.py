@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gridd.agents.boxes import BoxError, BoxGone, Engine
+from gridd.agents.output import _append as append
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class RunMirror:
             n = int(state["sizes"][name])
             data, body = body[:n], body[n:]
             if data:
-                _append(self.run_dir / name, data)
+                append(str(self.run_dir / name), data)
                 copied += len(data)
         if self.agent is not None and not (self.run_dir / "agent.json").exists():
             _write_atomic(self.run_dir / "agent.json", json.dumps(self.agent).encode())
@@ -140,16 +141,6 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except FileNotFoundError:
         return 0
-
-
-def _append(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

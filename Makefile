@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint format bench demo clean claude-cli
+.PHONY: install test lint format bench demo clean claude-cli agent-clis
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,11 @@ install: $(STAMP)
 claude-cli:
 	tests/tools/install-claude.sh
 
-test: $(STAMP) claude-cli
+# The other pinned agent CLIs for their real-CLI tests (docs/agents.md).
+agent-clis: claude-cli
+	tests/tools/install-codex.sh
+
+test: $(STAMP) agent-clis
 	sh contrib/vscode/scripts/setup.sh
 	$(BIN)/pytest -n 2 --dist loadgroup -q
 

@@ -257,6 +257,10 @@ CLAUDE_STREAM_ARGS = (
 )
 #: Permission prompts arrive as control requests on stdout, answered on stdin.
 CLAUDE_PERMISSION_ARGS = ("--permission-prompt-tool", "stdio")
+#: How gridd runs the Codex CLI headless: JSON events on stdout, the worktree writable by
+#: codex's own sandbox (``exec`` is read-only otherwise); the prompt follows as the last
+#: argument (``resume <id>`` goes before it).
+CODEX_EXEC_ARGS = ("exec", "--json", "-s", "workspace-write", "--skip-git-repo-check")
 
 
 def builtin_profiles() -> dict[str, AgentProfile]:
@@ -274,6 +278,14 @@ def builtin_profiles() -> dict[str, AgentProfile]:
             adapter="claude",
             adapter_options={"permission_prompt_tool": "stdio"},
             stdin="pipe",
+            cost_per_session=2.0,
+        ),
+        # codex exec asks nothing in non-interactive mode and waits for stdin to close
+        # before it starts: /dev/null. Its sandbox is the approval policy.
+        "codex": AgentProfile(
+            command=["codex", *CODEX_EXEC_ARGS, "{prompt}"],
+            adapter="codex",
+            stdin="null",
             cost_per_session=2.0,
         ),
     }

@@ -106,8 +106,6 @@ class StandIn:
         self.resets: list[int] = []  # the reset epochs of the limits served
         self.url = ""
         self._lock = threading.Condition()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._runner: web.AppRunner | None = None
 
     # -- scripting -----------------------------------------------------------------------
 
@@ -329,40 +327,49 @@ class StandIn:
 
     @contextmanager
     def running(self) -> Iterator[StandIn]:
-        started = threading.Event()
-        failure: list[BaseException] = []
-
-        def serve() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                runner = web.AppRunner(self._app(), access_log=None)
-                loop.run_until_complete(runner.setup())
-                site = web.TCPSite(runner, "127.0.0.1", 0)
-                loop.run_until_complete(site.start())
-                self._runner = runner
-                port = runner.addresses[0][1]
-                self.url = f"http://127.0.0.1:{port}"
-            except BaseException as exc:  # reported to the starting thread
-                failure.append(exc)
-                started.set()
-                return
-            started.set()
-            loop.run_forever()
-            loop.run_until_complete(runner.cleanup())
-            loop.close()
-
-        thread = threading.Thread(target=serve, name="anthropic-standin", daemon=True)
-        thread.start()
-        started.wait(10)
-        if failure:
-            raise failure[0]
-        try:
+        with serve_app(self._app(), name="anthropic-standin") as url:
+            self.url = url
             yield self
-        finally:
-            if self._loop is not None:
-                self._loop.call_soon_threadsafe(self._loop.stop)
-            thread.join(10)
+
+
+@contextmanager
+def serve_app(app: web.Application, *, name: str) -> Iterator[str]:
+    """Serve ``app`` on 127.0.0.1 (a free port) from a thread of its own; yields its URL."""
+    started = threading.Event()
+    failure: list[BaseException] = []
+    url: list[str] = []
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    def serve() -> None:
+        loop = asyncio.new_event_loop()
+        loops.append(loop)
+        try:
+            runner = web.AppRunner(app, access_log=None)
+            loop.run_until_complete(runner.setup())
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            loop.run_until_complete(site.start())
+            port = runner.addresses[0][1]
+            url.append(f"http://127.0.0.1:{port}")
+        except BaseException as exc:  # reported to the starting thread
+            failure.append(exc)
+            started.set()
+            return
+        started.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+    thread = threading.Thread(target=serve, name=name, daemon=True)
+    thread.start()
+    started.wait(10)
+    if failure:
+        raise failure[0]
+    try:
+        yield url[0]
+    finally:
+        if loops:
+            loops[0].call_soon_threadsafe(loops[0].stop)
+        thread.join(10)
 
 
 @contextmanager

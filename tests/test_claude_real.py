@@ -6,7 +6,6 @@ model, follow-ups start turns, and rate limits park and resume the task at the r
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,8 +25,8 @@ from tests.helpers import (
     wait_task_status,
     write_core_config,
 )
+from tests.real_cli import ROOT, agent_of, epoch, spec_argv
 
-ROOT = Path(__file__).resolve().parent.parent
 CLAUDE = ROOT / ".cache/claude-code/node_modules/@anthropic-ai/claude-code-linux-x64/claude"
 
 pytestmark = [
@@ -86,11 +85,6 @@ def setup(
 def start(c: GridClient, task_id: str, prompt: str = "do the task") -> None:
     c.post("/tasks", {"id": task_id, "title": task_id, "prompt": prompt})
     c.post("/session/start", {"featureBranch": "feature/claude"})
-
-
-def agent_of(c: GridClient, task_id: str) -> dict[str, Any]:
-    agents = [a for a in c.get("/agents", params={"all": "1"}) if a["taskId"] == task_id]
-    return agents[-1]  # type: ignore[no-any-return]
 
 
 def test_a_write_approved_by_a_question_ends_in_review_with_the_file_committed(
@@ -245,11 +239,6 @@ def test_an_api_retry_is_shown_and_is_not_a_stall(repo: Path, tmp_path: Path, ap
         assert not event_log(c, types={"agent.stalled"})
 
 
-def spec_argv(agent: dict[str, Any]) -> list[str]:
-    spec = json.loads((Path(agent["runDir"]) / "spec.json").read_text())
-    return [str(a) for a in spec["argv"]]
-
-
 @pytest.mark.parametrize(
     "kind", ["five_hour", "seven_day", "seven_day_opus", "seven_day_sonnet", "api_key"]
 )
@@ -277,11 +266,11 @@ def test_a_rate_limit_parks_the_task_until_its_reset_and_resumes_the_session(
             assert event.data["source"] == "rate_limit_event"
             assert [reset] == api.resets  # the exact second the API named
         # Parked until exactly the reset plus the one-second margin.
-        assert _epoch(str(parked["resumeAt"])) == pytest.approx(reset + 1, abs=0.01)
+        assert epoch(str(parked["resumeAt"])) == pytest.approx(reset + 1, abs=0.01)
         task = wait_task_status(c, "limited", "review", timeout=60)
         second = agent_of(c, "limited")
         assert second["id"] != first["id"]
-        started = _epoch(second["startedAt"])
+        started = epoch(second["startedAt"])
         # Resumed after that, never early (the scheduler wakes for it; the bound above is
         # loose only for a loaded machine).
         assert reset + 1 <= started < reset + 1 + 15
@@ -292,12 +281,6 @@ def test_a_rate_limit_parks_the_task_until_its_reset_and_resumes_the_session(
         # One event per park, and the task finished.
         assert len(event_log(c, types={"agent.rate_limited"})) == 1
         assert task["status"] == "review"
-
-
-def _epoch(value: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
 def test_a_question_pending_across_a_daemon_kill_is_answered_after_the_restart(

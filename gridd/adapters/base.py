@@ -163,6 +163,11 @@ class Adapter(Protocol):
         """Arguments to append to the profile's command (e.g. the permission policy)."""
         return []
 
+    def resume_args(self, argv: list[str], session_id: str) -> list[str]:
+        """The command ``argv`` made to resume the CLI's session ``session_id`` (a
+        continuation, feedback, a rate limit's end), or ``argv`` when it cannot resume."""
+        return argv
+
     def stall_nudge(self) -> str | None:
         """A message that may wake the agent when it has gone silent (sent once, as the
         stall watchdog's first step; the agent is stopped only if it stays silent), or

@@ -132,6 +132,9 @@ class ClaudeAdapter(Adapter):
             extra += ["--disallowedTools", ",".join(self._disallowed)]
         return extra
 
+    def resume_args(self, argv: list[str], session_id: str) -> list[str]:
+        return [*argv, "--resume", session_id]
+
     def feed_output(self, text: str) -> list[Signal]:
         return [signal for line in self._lines.feed(text) for signal in self._line(line)]
 

@@ -6,6 +6,8 @@
                        {"permission_mode"?: default|acceptEdits|plan|bypassPermissions,
                        "allowed_tools"?: [rule], "disallowed_tools"?: [rule]}, passed to
                        the CLI; {"stall_nudge"?: bool (true)}: a stall first sends "continue"
+    codex              CodexAdapter: {"model"?: str}, passed as ``-m`` unless the command
+                       names a model (the price table needs it: codex reports only tokens)
     patterns           PatternsAdapter: {"pack": str, "auto_answer"?: {pattern id: response},
                        "send_prompt"?: bool}
 
@@ -77,6 +79,16 @@ def _claude(options: dict[str, Any]) -> Adapter:
     )
 
 
+def _codex(options: dict[str, Any]) -> Adapter:
+    from gridd.adapters.codex import CodexAdapter
+
+    _only(options, {"model"}, "codex")
+    model = options.get("model")
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        raise ConfigError("model is a model name, e.g. gpt-5-codex", details={"key": "model"})
+    return CodexAdapter(model=model)
+
+
 def _tool_list(options: dict[str, Any], key: str) -> list[str]:
     value = options.get(key, [])
     if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
@@ -111,6 +123,7 @@ FACTORIES: dict[str, Callable[[dict[str, Any]], Adapter]] = {
     "heartbeat": _heartbeat,
     "plain": _plain,
     "claude": _claude,
+    "codex": _codex,
     "patterns": _patterns,
 }
 ADAPTER_NAMES = tuple(FACTORIES)

@@ -386,8 +386,9 @@ class AgentProcess:
 
     def close_stdin(self) -> bool:
         """Close the agent's stdin (the shim lets go of its writer: SIGUSR1), so it reads EOF
-        once what was written is read. False when the shim is gone (nothing to close)."""
-        if not self.shim_alive():
+        once what was written is read. False when the shim is gone, or the agent has no
+        stdin pipe (``stdin = "null"``: a shim that holds none would die of SIGUSR1)."""
+        if not self.shim_alive() or not (self.run_dir / "stdin").exists():
             return False
         assert self.shim_pid is not None
         try:

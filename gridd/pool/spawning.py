@@ -280,8 +280,8 @@ class Spawner:
         argv += adapter.extra_args(argv)
         resumes = continuing or bool(task.feedback)  # the same conversation, sent back
         previous_session = self._previous_session_id(task.id) if resumes else None
-        if previous_session and profile.adapter == "claude":
-            argv += ["--resume", previous_session]
+        if previous_session:
+            argv = adapter.resume_args(argv, previous_session)
         env = {
             **self.environ,
             **profile.env,

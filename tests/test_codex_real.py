@@ -1,0 +1,191 @@
+"""The real Codex CLI (pinned, installed by tests/tools/install-codex.sh) run by the real
+daemon against a loopback stand-in of the OpenAI Responses API (tests/openai_standin.py): a
+task's file write reaches review with its cost, a command's output reaches the model while
+gridd shows the command, an error fails the task with its message, and a usage limit parks
+the task to its reset and resumes the same codex session.
+
+Codex reads its provider from ``$CODEX_HOME/config.toml`` (it ignores ``OPENAI_BASE_URL``),
+and its sandbox fails when ``CODEX_HOME`` is under the temporary directory: each test's home
+is under ``.cache/``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from gridd.adapters.prices import PRICES
+from gridd.client import GridClient
+from gridd.settings import CODEX_EXEC_ARGS
+from tests.helpers import (
+    core_daemon,
+    event_log,
+    git_show,
+    wait_for,
+    wait_for_events,
+    wait_task_status,
+    write_core_config,
+)
+from tests.openai_standin import MODEL, StandIn, call, error, standin, usage_limit
+from tests.real_cli import ROOT, agent_of, epoch, spec_argv
+
+CODEX = ROOT / ".cache/codex/node_modules/@openai/codex-linux-x64/vendor"
+CODEX = CODEX / "x86_64-unknown-linux-musl/bin/codex"
+
+pytestmark = [
+    pytest.mark.skipif(
+        not CODEX.exists(), reason="run tests/tools/install-codex.sh (make test does)"
+    ),
+    pytest.mark.timeout(180),
+]
+
+
+@pytest.fixture
+def api() -> Iterator[StandIn]:
+    with standin() as server:
+        yield server
+
+
+@pytest.fixture
+def codex_home(api: StandIn) -> Iterator[Path]:
+    home = ROOT / ".cache" / "codex-homes" / uuid.uuid4().hex[:12]
+    home.mkdir(parents=True)
+    (home / "config.toml").write_text(
+        f'model = "{MODEL}"\n'
+        'model_provider = "standin"\n'
+        "[model_providers.standin]\n"
+        'name = "standin"\n'
+        f'base_url = "{api.url}/v1"\n'
+        'env_key = "STANDIN_API_KEY"\n'
+        'wire_api = "responses"\n'
+        "request_max_retries = 0\n"
+        "stream_max_retries = 0\n"
+    )
+    yield home
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def setup(repo: Path, home: Path, **scheduler: object) -> None:
+    profile = {
+        "adapter": "codex",
+        "stdin": "null",
+        "command": [str(CODEX), *CODEX_EXEC_ARGS, "-m", MODEL, "{prompt}"],
+        "env": {"CODEX_HOME": str(home), "STANDIN_API_KEY": "sk-standin-dummy"},
+        "launch_grace_seconds": 60,
+    }
+    write_core_config(
+        repo, agents={"codex": profile}, scheduler={"default_agent": "codex", **scheduler}
+    )
+
+
+def start(c: GridClient, task_id: str, prompt: str = "do the task", **task: object) -> None:
+    c.post("/tasks", {"id": task_id, "title": task_id, "prompt": prompt, **task})
+    c.post("/session/start", {"featureBranch": "feature/codex"})
+
+
+def outputs(api: StandIn) -> list[str]:
+    """What each command codex ran gave back to the model."""
+    return [str(item.get("output")) for item in api.inputs("function_call_output")]
+
+
+def test_a_file_written_by_codex_reaches_review_with_its_cost_counted_once(
+    repo: Path, codex_home: Path, api: StandIn
+) -> None:
+    setup(repo, codex_home)
+    api.push(call("exec_command", {"cmd": "printf 'hello\\n' > hello.txt"}))
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        start(c, "write")
+        task = wait_task_status(c, "write", "review", timeout=60)
+        assert task["changedFiles"] == ["hello.txt"]
+        assert git_show(repo, "grid/write:hello.txt") == "hello\n"
+        agent = agent_of(c, "write")
+        assert agent["status"] == "exited" and agent["exitCode"] == 0
+        assert agent["model"] == MODEL
+        assert agent["sessionId"]
+        assert agent["result"] == "Done."
+        # Two model calls (the command, then its answer) of 1200 in and 80 out each.
+        assert (agent["inputTokens"], agent["outputTokens"]) == (2400, 160)
+        price = PRICES["gpt-5-codex"]
+        expected = (2400 * price.input + 160 * price.output) / 1_000_000
+        assert agent["costUsd"] == pytest.approx(expected)
+        assert c.get("/tasks/write")["costUsd"] == pytest.approx(expected)
+        [completed] = event_log(c, types={"agent.completed"})
+        assert completed.data["costUsd"] == pytest.approx(expected)
+
+
+def test_a_command_codex_runs_is_shown_as_its_tool_and_its_output_reaches_the_model(
+    repo: Path, codex_home: Path, api: StandIn
+) -> None:
+    setup(repo, codex_home)
+    command = "while [ ! -e go ]; do sleep 0.05; done; echo six-times-seven=$((6*7))"
+    api.push(call("exec_command", {"cmd": command, "yield_time_ms": 30000}))
+    worktree = repo / ".grid" / "worktrees" / "tool"
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        start(c, "tool")
+        tool = wait_for(
+            lambda: agent_of(c, "tool")["currentTool"] if c.get("/agents") else None,
+            timeout=60,
+            message="codex never showed its command",
+        )
+        assert tool.startswith("shell: ") and "six-times-seven" in tool
+        (worktree / "go").write_text("")
+        wait_task_status(c, "tool", "review", timeout=60)
+        assert any("six-times-seven=42" in out for out in outputs(api))
+        assert agent_of(c, "tool")["currentTool"] is None
+
+
+def test_an_error_turn_fails_the_task_with_the_api_message_as_context(
+    repo: Path, codex_home: Path, api: StandIn
+) -> None:
+    setup(repo, codex_home)
+    api.push(error(400, message="the stand-in refuses this request"))
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        start(c, "bad", maxAttempts=1)
+        task = wait_task_status(c, "bad", "failed", timeout=60)
+        assert "the stand-in refuses this request" in str(task["error"])
+        [failed] = event_log(c, types={"agent.failed"})
+        failure = Path(str(failed.data["failureFile"])).read_text()
+        assert "the stand-in refuses this request" in failure
+
+
+def test_a_usage_limit_parks_the_task_to_its_reset_minute_and_resumes_the_same_session(
+    repo: Path, codex_home: Path, api: StandIn
+) -> None:
+    setup(repo, codex_home)
+    # Codex shows the reset to the minute ("Try again at 7:14 AM."): a reset in the last
+    # second of a minute is shown as that minute, and parked to its end.
+    minute_end = (int(time.time() + 4) // 60 + 1) * 60
+    api.push(usage_limit(resets_at=minute_end - 1))
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        start(c, "limited")
+        parked = wait_task_status(c, "limited", "rate_limited", timeout=60)
+        [event] = wait_for_events(c, {"agent.rate_limited"}, 1, timeout=10)
+        first = agent_of(c, "limited")
+        assert api.resets == [minute_end - 1]
+        shown = datetime.fromtimestamp(minute_end - 60).strftime("%-I:%M %p")
+        assert f"Try again at {shown}." in str(event.data["message"])
+        assert event.data["limitType"] == "usage_limit"
+        assert float(event.data["resetsAt"]) == minute_end
+        assert epoch(str(parked["resumeAt"])) == pytest.approx(minute_end + 1, abs=0.01)
+        task = wait_task_status(c, "limited", "review", timeout=120)
+        second = agent_of(c, "limited")
+        assert second["id"] != first["id"]
+        assert epoch(second["startedAt"]) >= minute_end
+        argv = spec_argv(second)
+        assert argv[argv.index("resume") + 1] == first["sessionId"]
+        assert second["sessionId"] == first["sessionId"]
+        texts = api.user_texts()
+        assert "do the task" in texts  # the first prompt is still in the conversation
+        assert any("interrupted by a rate limit" in t for t in texts)
+        assert len(event_log(c, types={"agent.rate_limited"})) == 1
+        assert task["status"] == "review"

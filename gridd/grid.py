@@ -29,7 +29,7 @@ from gridd.git.conflicts import ConflictPolicy
 from gridd.git.merge import MergeQueue, PauseSeam
 from gridd.git.prepared import PreparedWorktrees
 from gridd.git.radar import Radar
-from gridd.git.unresolved import Unresolved
+from gridd.git.unresolved import UNRESOLVED_QUESTION, Unresolved
 from gridd.intents import Commands
 from gridd.metrics import DaemonMetrics
 from gridd.model import (
@@ -267,11 +267,10 @@ class Grid:
         return self._beads_on and await self.beads.ask(task_id)
 
     def _merge_answer(self, question: Question, response: str) -> None:
-        task = self.state.tasks.get(question.task_id)
-        policy = self.unresolved if task is not None and self.unresolved.waits(task) else None
+        unresolved = question.type == UNRESOLVED_QUESTION
         self.background.spawn(
             f"merge-answer:{question.task_id}",
-            (policy or self.conflicts).answered(question, response),
+            (self.unresolved if unresolved else self.conflicts).answered(question, response),
         )
 
     def _all_tasks_done(self) -> bool:

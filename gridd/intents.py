@@ -258,6 +258,8 @@ class Commands:
         updated = move_task(
             self.state, task_id, TaskStatus.WORKING, reason="started by user", **changes
         )
+        # a question about a conflict its last run left unresolved is moot now
+        self.questions.close_for_agent(merge_asker(task_id), "the task was started again")
         self.state.flush()
         return updated
 

@@ -149,6 +149,9 @@ def test_check_again_with_the_conflict_still_there_asks_again(repo: Path, logdir
         assert c.get("/tasks/y")["status"] == "blocked"
         assert marker_commits(repo, "grid/y") == []
         assert blocked["conflictUnresolved"] == ["shared.txt"]
+        # started again by hand instead: the question is moot, and closed
+        c.post("/tasks/y/start")
+        assert c.get(f"/questions/{again['id']}")["status"] == "closed"
 
 
 def test_a_run_that_fails_in_the_middle_of_a_conflict_commits_nothing(

@@ -120,6 +120,14 @@ def not_allowed(markers: Iterable[MarkerLine], patterns: Iterable[str]) -> list[
 # -- git's word on it ---------------------------------------------------------------------------
 
 
+async def _common_dir(root: Path) -> Path:
+    """The repository's git directory: ``root/.git`` in a plain checkout (no git call)."""
+    if (root / ".git").is_dir():
+        return (root / ".git").resolve()
+    res = await git(root, "rev-parse", "--path-format=absolute", "--git-common-dir")
+    return Path(res.out.strip()).resolve()
+
+
 async def own_worktree(root: Path, path: Path) -> Path:
     """Refuse (``ForeignWorktree``) unless ``path`` is still a linked worktree of ``root``'s
     repository, with a git directory of its own that names ``path`` as its worktree.
@@ -138,8 +146,7 @@ async def own_worktree(root: Path, path: Path) -> Path:
         "--show-toplevel",
         check=False,
     )
-    common = await git(root, "rev-parse", "--path-format=absolute", "--git-common-dir")
-    expected_common = Path(common.out.strip()).resolve()
+    expected_common = await _common_dir(root)
     problem = ""
     lines = res.out.split("\n")
     if res.code != 0 or len(lines) < 3:

@@ -32,6 +32,8 @@ from gridd.worktrees import Worktrees
 
 log = logging.getLogger(__name__)
 
+#: The type of the question asked when a human decides (its answers come back here).
+UNRESOLVED_QUESTION = "conflict_unresolved"
 #: Answers to the question asked when a human decides.
 ANSWERS = ["check again", "review anyway", "agent"]
 #: Marker lines quoted in an event or a feedback (the rest are counted).
@@ -151,7 +153,7 @@ class Unresolved:
             self.questions,
             task,
             key="unresolved",
-            kind="conflict_unresolved",
+            kind=UNRESOLVED_QUESTION,
             text=text,
             options=ANSWERS,
             meta={"files": left.files},
@@ -166,7 +168,8 @@ class Unresolved:
         task = self.state.tasks.get(question.task_id)
         if task is None or not self.waits(task) or not task.worktree:
             return
-        path, base = Path(task.worktree), task.base_commit or ""
+        path = Path(task.worktree)
+        base = task.base_commit or await self.worktrees.base_of(task.branch or "")
         left = await self.left_in(task, path, base)
         if response == "agent":
             if self.waits(task := self.state.tasks[task.id]):

@@ -8,9 +8,9 @@ only fail again and use up an attempt) and a start that met it is put back uncou
 probe runs every second (``DiskFault.watch``): once ``.grid/`` takes a small synced write
 with ``PROBE_MARGIN_BYTES`` free, the fault clears and work resumes by itself.
 
-A failure whose exception does not name the disk (git's "could not create leading
-directories", say) is checked with the same probe, so a start is never counted against a
-task on a guess either way.
+A failure that names the disk only in words (git's "...: Read-only file system") counts by
+its words; one that does not name it at all is checked with the same probe at once, so a
+start is not counted against a task on a guess either way.
 
 ``refusal`` is the same probe for a daemon about to start: on a full or read-only disk it
 says so in one line instead of starting into errors.

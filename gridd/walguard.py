@@ -94,13 +94,10 @@ class FileGuard:
 
     def rearm(self) -> None:
         """Take the files as they are now (after a repair reopened them)."""
-        held = held_files((self.db_path, self.wal_path))
+        paths = (self.db_path, self.wal_path)
+        held = held_files(paths)
         self._held = held or []
-        self._seen = {} if held is not None else {p: self._path_ident(p) for p in self._paths}
-
-    @property
-    def _paths(self) -> tuple[Path, Path]:
-        return self.db_path, self.wal_path
+        self._seen = {} if held is not None else {p: self._path_ident(p) for p in paths}
 
     @staticmethod
     def _path_ident(path: Path) -> Ident | None:

@@ -9,9 +9,11 @@ sandbox off (the control), where it succeeds, so the tests prove the sandbox did
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +23,7 @@ from tests.helpers import (
     agent_command,
     core_daemon,
     git_show,
+    gridctl,
     restartable_daemon,
     wait_for,
     wait_task_status,
@@ -84,6 +87,20 @@ def _start(c: GridClient) -> None:
     c.post("/session/start", {"featureBranch": "feature/box", "maxAgents": 2})
 
 
+def _shows_its_sandbox(c: GridClient, repo: Path, agent: dict[str, Any], mode: str) -> None:
+    """``/agents/{id}`` and ``gridctl agents`` say what the run may write."""
+    box = agent["sandbox"]
+    worktree = os.path.realpath(agent["worktreePath"])
+    tmpdir = os.path.realpath(Path(agent["runDir"]) / "tmp")
+    assert box["mode"] == mode
+    assert box["writable"] == [worktree, tmpdir]
+    assert os.path.realpath(repo / ".grid") in box["hidden"]
+    assert c.get(f"/agents/{agent['id']}")["sandbox"] == box
+    listed = gridctl(repo, "agents", "--all", env={**os.environ, "COLUMNS": "300"})
+    assert listed.returncode == 0, listed.stderr
+    assert f"{mode}: worktree, TMPDIR" in listed.stdout, listed.stdout
+
+
 def _attack(repo: Path, home: Path, outside: Path, mode: str) -> dict[str, dict[str, str]]:
     """Run the attacking agent beside another task's live agent; approve its work and see
     it merged. What each attack came to, for the agent and for its grandchild."""
@@ -93,14 +110,14 @@ def _attack(repo: Path, home: Path, outside: Path, mode: str) -> dict[str, dict[
             c = daemon.client()
             _start(c)
             wait_task_status(c, "boxed", "review", timeout=60)
+            (agent,) = [a for a in c.get("/agents", params={"all": "1"}) if a["taskId"] == "boxed"]
+            if mode != "off":
+                _shows_its_sandbox(c, repo, agent, mode)
             c.post("/tasks/boxed/approve")
             wait_task_status(c, "boxed", "done", timeout=60)
             merged = {
                 who: git_show(repo, f"feature/box:{who}.json") for who in ("attacks", "grandchild")
             }
-            (agent,) = [a for a in c.get("/agents", params={"all": "1"}) if a["taskId"] == "boxed"]
-            if mode != "off":
-                assert agent["sandbox"]["mode"] == mode
     finally:
         ETC_PROBE.unlink(missing_ok=True)
     assert merged["attacks"] and merged["grandchild"], "the agent's work was not merged"
@@ -183,3 +200,24 @@ def test_a_sandboxed_run_survives_a_daemon_restart_with_its_sandbox_intact(
         ETC_PROBE.unlink(missing_ok=True)
     for who, result in results.items():
         assert result == dict.fromkeys(ATTACKS, "denied"), who
+
+
+def test_doctor_says_what_this_machine_can_enforce(repo: Path, outside: Path) -> None:
+    """The Landlock ABI, and the profiles in a sandbox; on a kernel without Landlock (the
+    daemon's seam, which doctor honours too) a sandboxed profile is a failure to fix."""
+    _config(repo, outside, "workspace")
+    env = {**os.environ, "COLUMNS": "300"}
+    found = gridctl(repo, "doctor", "--json", env=env)
+    checks = {c["check"]: c for c in json.loads(found.stdout)}
+    sandbox = checks["sandbox"]
+    assert sandbox["verdict"] == "ok"
+    assert sandbox["detail"].startswith(f"Landlock ABI {landlock.abi_version()}:")
+    assert "sandboxed: boxed (workspace)" in sandbox["detail"]
+    with (repo / ".grid" / "config.toml").open("a") as config:
+        config.write("\n[daemon]\nlandlock_abi = 0\n")
+    found = gridctl(repo, "doctor", "--json", env=env)
+    assert found.returncode == 1
+    sandbox = {c["check"]: c for c in json.loads(found.stdout)}["sandbox"]
+    assert sandbox["verdict"] == "fail"
+    assert "no Landlock" in sandbox["detail"] and "boxed (workspace)" in sandbox["detail"]
+    assert 'mode = "off"' in sandbox["fix"]

@@ -110,6 +110,13 @@ def abi_version() -> int:
     return max(int(version), 0)
 
 
+def usable_abi(ceiling: int | None = None) -> int:
+    """The ABI gridd may use: the kernel's, capped by ``ceiling`` ([daemon] landlock_abi,
+    the test seam that stands for an older kernel, or one without Landlock)."""
+    abi = abi_version()
+    return abi if ceiling is None else min(abi, ceiling)
+
+
 def unavailable(mode: str, abi: int) -> str | None:
     """Why a kernel of Landlock ``abi`` cannot enforce ``mode`` (None: it can)."""
     if mode == "off" or abi >= MIN_ABI:

@@ -40,14 +40,12 @@ class LocalExecutor:
         self.orphan_grace = orphan_grace
         #: A ceiling on the kernel's Landlock ABI ([daemon] landlock_abi, a test seam).
         self.landlock_abi = landlock_abi
-        self._kernel_abi: int | None = None
+        self._kernel_abi: int | None = None  # asked once
 
     def sandbox_abi(self) -> int:
         """The Landlock ABI this executor can enforce (0: none)."""
         if self._kernel_abi is None:
-            self._kernel_abi = landlock.abi_version()
-        if self.landlock_abi is not None:
-            return min(self._kernel_abi, self.landlock_abi)
+            self._kernel_abi = landlock.usable_abi(self.landlock_abi)
         return self._kernel_abi
 
     def start(self) -> None:

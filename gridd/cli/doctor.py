@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gridd.agents import landlock
 from gridd.cli import daemonctl
 from gridd.cli.context import EXIT_ERROR, EXIT_OK, Command, Context
 from gridd.cli.doctor_checks import (
@@ -26,6 +27,7 @@ from gridd.cli.doctor_checks import (
     check_fd_limit,
     check_git,
     check_grid_dir,
+    check_sandbox,
     check_socket,
     check_trust,
 )
@@ -36,6 +38,12 @@ from gridd.settings import Settings, load_settings
 from gridd.workspace import Workspace, find_workspace
 
 MARKS = {"ok": "  ok ", "warn": " warn", "fail": " FAIL"}
+
+
+def sandboxed_profiles(settings: Settings) -> dict[str, str]:
+    """profile -> sandbox mode, of the profiles in a sandbox."""
+    profiles = settings.profiles().items()
+    return {name: p.sandbox.mode for name, p in profiles if p.sandbox.mode != "off"}
 
 
 def configured_commands(settings: Settings, root: Path) -> dict[str, list[str]]:
@@ -214,6 +222,8 @@ def run_checks(ws: Workspace, environ: dict[str, str]) -> list[Check]:
         checks.append(Check("config", "fail", exc.message, f"fix {ws.config_path}"))
     else:
         checks += check_binaries(configured_commands(settings, ws.root), environ)
+        abi = landlock.usable_abi(settings.daemon.landlock_abi)
+        checks.append(check_sandbox(sandboxed_profiles(settings), abi))
     checks.append(check_trust(ws.root, ws.config_path, environ))
     checks.append(check_grid_dir(ws.grid_dir, os.getuid()))
     checks.append(check_links(ws))

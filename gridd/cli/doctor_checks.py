@@ -265,3 +265,28 @@ def check_trust(root: Path, config: Path, environ: dict[str, str]) -> Check:
         f" {verdict.reason}: gridd will not run them",
         "read it, then: gridctl trust",
     )
+
+
+def check_sandbox(modes: dict[str, str], abi: int) -> Check:
+    """What sandboxes this machine can enforce (Landlock's ABI), against the profiles that
+    ask for one (``modes``: profile -> sandbox mode, ``off`` ones left out)."""
+    asked = ", ".join(f"{name} ({mode})" for name, mode in sorted(modes.items()))
+    if abi >= 1:
+        gaps = [
+            what
+            for needed, what in ((3, "truncation"), (5, "device ioctls"), (6, "signals"))
+            if abi < needed
+        ]
+        detail = f"Landlock ABI {abi}: the read-only and workspace sandboxes are enforced"
+        if gaps:
+            detail += f" (this ABI does not restrict {', '.join(gaps)})"
+        return Check("sandbox", "ok", detail + (f"; sandboxed: {asked}" if asked else ""))
+    missing = "no Landlock (Linux 5.13 or newer, with landlock in the kernel's lsm= list)"
+    if not modes:
+        return Check("sandbox", "ok", f"{missing}: a profile asking for a sandbox would not start")
+    return Check(
+        "sandbox",
+        "fail",
+        f"{missing}: runs of {asked} will not start (sandbox_unavailable)",
+        'run on a kernel with Landlock, or set [agents.<name>.sandbox] mode = "off"',
+    )

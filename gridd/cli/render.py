@@ -8,6 +8,7 @@ and waves have their own module, ``render_tasks``.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -250,6 +251,28 @@ def _activity(agent: Agent) -> str:
     return clip(": ".join(parts), 50) if parts else "-"
 
 
+def sandbox_text(agent: Agent) -> str:
+    """The run's sandbox: its mode and what it may write (its worktree and ``TMPDIR`` by
+    those names, the home directory as ``~``); ``off`` when it has none."""
+    box = agent.sandbox
+    if not box:
+        return "off"
+    names = {
+        os.path.realpath(agent.worktree_path): "worktree",
+        os.path.realpath(os.path.join(agent.run_dir, "tmp")): "TMPDIR",
+    }
+    home = os.path.expanduser("~")
+    shown = []
+    for path in box.get("writable", []):
+        if path in names:
+            shown.append(names[path])
+        elif home != "/" and (path == home or path.startswith(home + "/")):
+            shown.append("~" + path[len(home) :])
+        else:
+            shown.append(path)
+    return f"{box.get('mode', '?')}: {', '.join(shown)}" if shown else str(box.get("mode"))
+
+
 def _spend(agent: Agent) -> str:
     """Cost, and the tokens when the agent reports them ("$0.42, 12.3k tokens")."""
     tokens = (agent.input_tokens or 0) + (agent.output_tokens or 0)
@@ -322,7 +345,19 @@ def agents_table(
     agents = list(agents)
     if not agents:
         return Text(empty, style="dim")
-    columns = ("agent", "task", "profile", "status", "pid", "running for", "cost", "activity")
+    columns: tuple[str, ...] = (
+        "agent",
+        "task",
+        "profile",
+        "status",
+        "pid",
+        "running for",
+        "cost",
+        "activity",
+    )
+    boxed = any(a.sandbox for a in agents)  # the column only where a sandbox is in use
+    if boxed:
+        columns += ("sandbox",)
     rows = []
     for a in agents:
         elapsed = ((a.ended_at or now or utcnow()) - a.started_at).total_seconds()
@@ -334,6 +369,8 @@ def agents_table(
             _activity(a),
             clip(a.last_output, 60),
         )
+        if boxed:
+            cells.insert(-1, Text(sandbox_text(a)))
         rows.append(
             dict(
                 zip(
@@ -348,7 +385,7 @@ def agents_table(
         (*columns, "last output"),
         rows,
         give_way=("pid", "cost", "profile", "running for", "activity"),
-        wrapped={"activity": 24, "last output": 40},
+        wrapped={"activity": 24, "last output": 40, "sandbox": 30},
     )
 
 

@@ -44,6 +44,11 @@ LOGGED: frozenset[str] = frozenset(
         "task.merge_waiting",
         "task.merge_abandoned",
         "task.merge_failed",
+        # the merge train: a candidate of several tasks, gated once, bisected when it fails
+        "merge.batch_started",
+        "merge.batch_passed",
+        "merge.batch_failed",
+        "merge.bisected",
         "task.merge_refused",
         "task.conflict_unresolved",
         "task.review_edits",

@@ -450,6 +450,20 @@ class MergeSettings(_Section):
         description="Each git call of the merge queue is stopped after this long (with what it"
         " started: a filter or hook driver) and the merge fails with the reason",
     )
+    max_batch: int = Field(
+        default=1,
+        ge=1,
+        le=1000,
+        description="The merge train: up to this many approved tasks merged in order into one"
+        " candidate and gated once (a failing candidate is bisected); 1 = one task at a time",
+    )
+    batch_wait_seconds: float = Field(
+        default=0.5,
+        ge=0,
+        le=60,
+        description="With max_batch > 1, approvals arriving within this long of the oldest"
+        " waiting one ride in the same candidate",
+    )
     on_conflict: Literal["agent", "human", "fail"] = Field(
         default="agent",
         description="Default session policy for a conflicting or failing merge: agent (rerun"

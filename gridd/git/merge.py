@@ -1,4 +1,4 @@
-"""The merge queue: approved tasks enter the feature branch one at a time.
+"""The merge queue: approved tasks enter the feature branch, one at a time or in trains.
 
 The queue is the tasks in status ``merging``, oldest approval first (``merge_queued_at``,
 persisted with the task). For each, one merge at a time per workspace:
@@ -23,6 +23,11 @@ Every git call of the queue has a timeout (``[merge] git_timeout_seconds``): a f
 hook that hangs is stopped with its process group, the task fails with the reason
 (``task.merge_failed``) and the queue goes on to the next one.
 
+The merge train (``[merge] max_batch`` > 1): several waiting tasks merged in order into one
+candidate, each with its own merge commit, gated once, landed by the same compare-and-swap
+under the gate of every riding task; a failing candidate is bisected (the decision is
+``train.py``), the task that fails alone goes to the policy, every other one lands.
+
 A daemon killed anywhere in this leaves nothing half-applied: before the swap, F is
 untouched and the merge is simply redone; after it, the recorded ``merge_commit`` is
 reachable from F and the task is marked done on resume. A conflict or a failed check is
@@ -33,20 +38,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import secrets
+from collections.abc import AsyncIterator, Iterable
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from gridd.background import Background
 from gridd.errors import GriddError
 from gridd.events import EventBus
-from gridd.git.conflicts import ConflictPolicy
+from gridd.git.conflicts import OUTPUT_TAIL, ConflictPolicy
 from gridd.git.feature import commit_of
-from gridd.git.integration import Conflicted, Integration
+from gridd.git.integration import CheckResult, Conflicted, Integration
 from gridd.git.landing import Held, Landing, Moved
+from gridd.git.train import Bisection, Blame
 from gridd.lifecycle import move_task
-from gridd.model import Task, TaskStatus
+from gridd.model import Task, TaskStatus, utcnow
 from gridd.settings import MergeSettings
 from gridd.state import GridState
 from gridd.worktrees import GitTimeout, Worktrees, git
@@ -59,6 +66,10 @@ CAS_ROUNDS = 5
 RETRY_SECONDS = 2.0
 #: Pause between two tries to land a merge while F is checked out (or a git runs there).
 LAND_RETRY_SECONDS = 0.1
+
+
+def _ids(tasks: Iterable[Task]) -> str:
+    return ", ".join(t.id for t in tasks)
 
 
 def queue_order(tasks: list[Task]) -> list[Task]:
@@ -144,6 +155,9 @@ class MergeQueue:
         self.current: str | None = None  # the task being merged
         self._retry_at: dict[str, float] = {}
         self._teardowns: list[str] = []  # merged tasks whose worktree is yet to go
+        #: The candidate under way, for ``/state`` (which tasks ride in it, and where it is).
+        self.train: dict[str, object] | None = None
+        self.retries = 0  # last suspects that passed their gate alone: the gate was flaky
         state.on_change(self._wake.set)
 
     def start(self) -> None:
@@ -171,6 +185,13 @@ class MergeQueue:
                 except TimeoutError:
                     pass
                 continue
+            wait = self._batch_wait(due)
+            if wait > 0:  # approvals arriving together ride together
+                await asyncio.sleep(wait)
+                continue
+            if len(due) > 1 and self.settings.max_batch > 1:
+                await self._run_batch(due[: self.settings.max_batch])
+                continue
             task = due[0]
             self.current = task.id
             try:
@@ -188,6 +209,37 @@ class MergeQueue:
             finally:
                 self.current = None
                 self.state.flush()
+
+    def _batch_wait(self, due: list[Task]) -> float:
+        """How long to wait for more approvals before the train leaves (0: now)."""
+        if self.settings.max_batch <= 1 or len(due) >= self.settings.max_batch:
+            return 0.0
+        oldest = due[0].merge_queued_at
+        if oldest is None:
+            return 0.0
+        age = (utcnow() - oldest).total_seconds()
+        return max(
+            0.0, min(self.settings.batch_wait_seconds - age, self.settings.batch_wait_seconds)
+        )
+
+    async def _run_batch(self, batch: list[Task]) -> None:
+        loop = asyncio.get_running_loop()
+        self.current = batch[0].id
+        try:
+            await self.merge_batch(batch)
+            for task in batch:
+                self._retry_at.pop(task.id, None)
+                self._teardowns.append(task.id)
+        except Exception as exc:  # not CancelledError: a stopping daemon resumes it later
+            message = exc.message if isinstance(exc, GriddError) else repr(exc)
+            log.warning("merging tasks %s: %s; trying again shortly", _ids(batch), message)
+            for task in batch:
+                self.bus.publish("task.merge_retry", {"taskId": task.id, "error": message[:2000]})
+                self._retry_at[task.id] = loop.time() + RETRY_SECONDS
+        finally:
+            self.current = None
+            self.train = None
+            self.state.flush()
 
     # -- one merge ---------------------------------------------------------------------------
 
@@ -260,7 +312,7 @@ class MergeQueue:
                 return
             task = self.state.update_task(task.id, merge_commit=new)  # recorded progress
             await self.pause.wait()
-            if not await self._land(task, feature=feature, tip=tip, new=new):
+            if not await self._land([(task, new)], feature=feature, tip=tip):
                 return
             log.info("%s moved during the merge of %s; merging again", feature, task.id)
         raise GriddError(
@@ -268,16 +320,26 @@ class MergeQueue:
             code="feature_moving",
         )
 
-    async def _land(self, task: Task, *, feature: str, tip: str, new: str) -> bool:
-        """Move F from ``tip`` to ``new`` and mark the task done, waiting while F is checked
-        out. False: finished here (landed, or abandoned); True: F moved, merge again."""
+    async def _land(self, rides: list[tuple[Task, str]], *, feature: str, tip: str) -> bool:
+        """Move F from ``tip`` to the last ride's commit and mark every riding task done
+        (each with its own merge commit), waiting while F is checked out. False: finished
+        here (landed, or abandoned: then nobody lands); True: F moved, merge again."""
+        new = rides[-1][1]
         waiting_for: tuple[str, str] | None = None
         while True:
-            async with self.gate.deciding(task.id):
-                current = self._merging(task.id)
-                if current is None or current.merge_commit != new:
-                    self._abandoned(task.id, feature)
-                    return False
+            async with AsyncExitStack() as held:
+                for task, _ in rides:
+                    await held.enter_async_context(self.gate.deciding(task.id))
+                current = [(self._merging(task.id), commit) for task, commit in rides]
+                gone = [
+                    task.id
+                    for (task, _), (now, commit) in zip(rides, current, strict=True)
+                    if now is None or now.merge_commit != commit
+                ]
+                if gone:
+                    for task_id in gone:
+                        self._abandoned(task_id, feature)
+                    return False  # the others are merged again without it
                 if self.state.session.feature_branch != feature:
                     return False  # the session moved on: merged again into its new branch
                 await self.pause.wait("landing")
@@ -285,25 +347,240 @@ class MergeQueue:
                 if isinstance(outcome, Moved):
                     return True
                 if not isinstance(outcome, Held):
-                    self._done(current, commit=new, feature=feature)
+                    for now, commit in current:
+                        assert now is not None
+                        self._done(now, commit=commit, feature=feature)
                     return False
             if waiting_for != (outcome.worktree, outcome.reason):
                 waiting_for = (outcome.worktree, outcome.reason)
-                log.info("the merge of %s waits: %s", task.id, outcome.message)
-                self.bus.publish(
-                    "task.merge_waiting",
-                    {
-                        "taskId": task.id,
-                        "featureBranch": feature,
-                        "worktree": outcome.worktree,
-                        "reason": outcome.reason,
-                    },
-                )
+                log.info("the merge of %s waits: %s", _ids(t for t, _ in rides), outcome.message)
+                for task, _ in rides:
+                    self.bus.publish(
+                        "task.merge_waiting",
+                        {
+                            "taskId": task.id,
+                            "featureBranch": feature,
+                            "worktree": outcome.worktree,
+                            "reason": outcome.reason,
+                        },
+                    )
             await asyncio.sleep(LAND_RETRY_SECONDS)
             while not await self.landing.looks_clear(feature):
-                if self._merging(task.id) is None or self.state.session.feature_branch != feature:
+                if (
+                    any(self._merging(task.id) is None for task, _ in rides)
+                    or self.state.session.feature_branch != feature
+                ):
                     break  # the next round says why (under the gate)
                 await asyncio.sleep(LAND_RETRY_SECONDS)
+
+    # -- the train ---------------------------------------------------------------------------
+
+    async def merge_batch(self, tasks: list[Task]) -> None:
+        """Several tasks in one candidate, gated once; a failing one bisected (``train.py``)."""
+        feature = self.state.session.feature_branch
+        if feature is None:
+            for task in tasks:
+                await self.merge_one(task)  # nothing to merge into
+            return
+        riding = []
+        ref = f"refs/heads/{feature}"
+        for task in tasks:
+            if task.branch is None:
+                await self.merge_one(task)  # nothing to merge
+            elif task.merge_commit and await self._reachable(task.merge_commit, ref):
+                await self.merge_one(task)  # landed before a daemon died: only the record
+            else:
+                riding.append(task)
+        if not riding:
+            return
+        batch = f"{riding[0].id}-{secrets.token_hex(3)}"
+        bisection = Bisection([t.id for t in riding])
+        output = ""
+        moved = 0
+        while (step := bisection.next()) is not None:
+            if isinstance(step, Blame):  # two failed runs held it, the others passed
+                self._bisected(batch, bisection, culprit=step.task)
+                await self._blame(step.task, output=output, feature=feature)
+                bisection.blamed()
+                break
+            built = await self._candidate(step.tasks, feature=feature)
+            if built is None:
+                return  # every one left the batch (conflicts, markers, cancels)
+            tip, rides = built
+            ids = [t.id for t, _ in rides]
+            if ids != step.tasks:
+                if bisection.failing:
+                    return  # the evidence was about others: the queue starts over
+                bisection.restart(ids)
+            self._train_view(batch, rides, tip=tip, phase="gating")
+            self.bus.publish(
+                "merge.batch_started",
+                {
+                    "batchId": batch,
+                    "featureBranch": feature,
+                    "featureCommit": tip,
+                    "candidate": rides[-1][1],
+                    "tasks": ids,
+                    "retry": step.retry,
+                    "bisecting": bisection.failing,
+                },
+            )
+            check = await self._gate()
+            if check is None or check.ok:
+                self.bus.publish(
+                    "merge.batch_passed",
+                    {
+                        "batchId": batch,
+                        "tasks": ids,
+                        "candidate": rides[-1][1],
+                        "retried": step.retry,
+                    },
+                )
+                if step.retry:
+                    self.retries += 1
+                self._train_view(batch, rides, tip=tip, phase="landing")
+                for task, commit in rides:  # recorded progress
+                    self.state.update_task(task.id, merge_commit=commit)
+                await self.pause.wait()
+                again = await self._land(
+                    [(self.state.tasks[t.id], c) for t, c in rides], feature=feature, tip=tip
+                )
+                self._clear_merge_commits(rides)
+                if again:  # the user committed to F: merged again on top of their work
+                    moved += 1
+                    if moved >= CAS_ROUNDS:
+                        raise GriddError(
+                            f"feature branch {feature!r} kept moving during a merge train",
+                            code="feature_moving",
+                        )
+                    if bisection.failing:
+                        return  # the tip the evidence was about is gone: start over
+                    continue
+                if any(self._merging(t.id) for t, _ in rides):
+                    return  # abandoned (a cancel): the queue merges the rest again
+                bisection.passed(ids)
+                continue
+            output = check.output
+            self.bus.publish(
+                "merge.batch_failed",
+                {
+                    "batchId": batch,
+                    "tasks": ids,
+                    "candidate": rides[-1][1],
+                    "exitCode": check.exit_code,
+                    "output": output[-OUTPUT_TAIL:],
+                },
+            )
+            culprit = bisection.failed(ids)
+            self._bisected(batch, bisection, culprit=culprit)
+            if culprit is not None:
+                await self._blame(culprit, output=output, feature=feature)
+
+    async def _candidate(
+        self, task_ids: list[str], *, feature: str
+    ) -> tuple[str, list[tuple[Task, str]]] | None:
+        """Merge the tasks in order onto F's tip in the integration worktree (left at the
+        last one): the tip and each riding task with its own merge commit. A task that
+        conflicts with F's tip goes to the policy; one that conflicts only with a task ahead
+        of it in this candidate stays queued (merged again once those landed, it conflicts
+        with F itself, or not); one that would add conflict markers is refused."""
+        tip = await commit_of(self.root, feature, timeout=self.timeout)
+        if tip is None:
+            raise GriddError(f"feature branch {feature!r} is gone", code="feature_missing")
+        head = tip
+        rides: list[tuple[Task, str]] = []
+        for task_id in task_ids:
+            task = self._merging(task_id)
+            if task is None or task.branch is None:
+                continue
+            try:
+                result = await self.integration.merge(
+                    tip=head,
+                    branch=task.branch,
+                    strategy=self.settings.strategy,
+                    task_id=task.id,
+                    title=task.title,
+                )
+            except GitTimeout as exc:  # this task's filter or hook: it fails, the rest ride
+                await self._fail(task, exc)
+                continue
+            if isinstance(result, Conflicted):
+                if head != tip:
+                    log.info("%s conflicts with a task ahead of it; merged later", task.id)
+                    continue
+                async with self.gate.deciding(task.id):
+                    if not self._abandoned(task.id, feature):
+                        await self.policy.conflict(task, files=result.files, feature_commit=tip)
+                continue
+            marked = await self.policy.marker_files(
+                task,
+                cwd=self.integration.path,
+                tip=head,
+                merged=result.commit,
+                timeout=self.timeout,
+            )
+            if marked:  # refused whatever the policy (git/integrity.py)
+                async with self.gate.deciding(task.id):
+                    if not self._abandoned(task.id, feature):
+                        self.policy.refuse_markers(task, files=marked, feature_commit=tip)
+                continue
+            rebased = self.settings.strategy == "rebase"
+            if rebased and result.commit != head and not await self._reachable(head, result.commit):
+                raise GriddError(
+                    f"the merge of {task.id} does not contain the candidate ahead of it",
+                    code="merge_not_descendant",
+                )
+            rides.append((task, result.commit))
+            head = result.commit
+        if not rides:
+            return None
+        if await self.integration.head() != head:
+            await self.integration.reset(head)  # the last task was refused or conflicted
+        return tip, rides
+
+    async def _gate(self) -> CheckResult | None:
+        if not self.settings.check:
+            return None
+        return await self.integration.check(
+            self.settings.check, self.settings.check_timeout_seconds
+        )
+
+    async def _blame(self, task_id: str, *, output: str, feature: str) -> None:
+        """The task fails the gate without the others: back through the policy."""
+        tip = await commit_of(self.root, feature, timeout=self.timeout) or ""
+        async with self.gate.deciding(task_id):
+            task = self.state.tasks.get(task_id)
+            if task is None or self._abandoned(task_id, feature):
+                return
+            await self.policy.check_failed(task, output=output, feature_commit=tip)
+
+    def _bisected(self, batch: str, bisection: Bisection, *, culprit: str | None) -> None:
+        self.bus.publish(
+            "merge.bisected",
+            {
+                "batchId": batch,
+                "suspects": [] if culprit else bisection.suspects,
+                "putBack": bisection.put_back,
+                "culprit": culprit,
+            },
+        )
+
+    def _clear_merge_commits(self, rides: list[tuple[Task, str]]) -> None:
+        """A candidate that did not land leaves no recorded progress on tasks still queued."""
+        for task, _ in rides:
+            if self._merging(task.id) is not None:
+                self.state.update_task(task.id, merge_commit=None)
+
+    def _train_view(
+        self, batch: str, rides: list[tuple[Task, str]], *, tip: str, phase: str
+    ) -> None:
+        self.train = {
+            "batchId": batch,
+            "phase": phase,
+            "featureCommit": tip,
+            "candidate": rides[-1][1],
+            "tasks": [t.id for t, _ in rides],
+        }
 
     def _abandoned(self, task_id: str, feature: str) -> bool:
         """True (and said once) when the task is no longer the queue's: cancelled, say."""

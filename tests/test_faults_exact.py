@@ -28,6 +28,7 @@ from tests.helpers import (
     wait_task_status,
     write_core_config,
 )
+from tests.test_disk_full import fill
 
 #: How long ``.grid/`` stays read-only: longer than a few start retries and backoffs.
 READ_ONLY_SECONDS = 10.0
@@ -106,6 +107,44 @@ def test_a_read_only_grid_pauses_starts_without_counting_attempts_and_work_resum
     ups = [e.data for e in log if e.type == "daemon.recovered" and e.data["part"] == "disk"]
     assert len(downs) == 1 and len(ups) == 1, (downs, ups)
     warnings = [e.data for e in log if e.type == "agent.warning"]
+    assert not warnings, warnings
+
+
+def test_an_agent_that_ends_on_a_full_disk_keeps_its_result_and_work_resumes(
+    small_disk_repo: Path, tmp_path: Path
+) -> None:
+    """Its shim waits for room to write ``exit.json`` (it is not taken for a dead
+    supervisor); /health says the disk is full meanwhile, starts paused; once space is
+    back the run is finished as it ended, on its one attempt."""
+    root = small_disk_repo
+    control = tmp_path / "control"
+    control.mkdir()
+    write_core_config(
+        root,
+        agents={"ticker": {"command": agent_command("ticker.py", str(control), "0.05")}},
+        scheduler={"default_agent": "ticker"},
+    )
+    with core_daemon(root) as daemon:
+        c = daemon.client()
+        task_id = c.post("/tasks", {"title": "ends on a full disk", "maxAttempts": 1})["id"]
+        c.post(f"/tasks/{task_id}/start")
+        wait_for(lambda: (control / f"{task_id}.pid").exists(), timeout=30)
+        filler = fill(root / ".grid")
+        (control / f"{task_id}.go").touch()
+        wait_for(lambda: (control / f"{task_id}.done").exists(), timeout=30)
+        health = wait_for(
+            lambda: "disk" in (h := c.get("/health"))["degraded"] and h,
+            timeout=15,
+            message="/health to say the disk is full",
+        )
+        assert any("full" in w and "starts are paused" in w for w in health["warnings"]), health
+        time.sleep(3)  # a hold, not a measure: a shim that died would have failed it by now
+        assert c.get(f"/tasks/{task_id}")["status"] == "working"
+        filler.unlink()
+        task = wait_task_status(c, task_id, "review", timeout=30)
+        assert task["attempts"] == 1, task
+        wait_for(lambda: c.get("/health")["status"] == "ok", timeout=20, message="/health ok")
+        warnings = [e.data for e in event_log(c) if e.type == "agent.warning"]
     assert not warnings, warnings
 
 

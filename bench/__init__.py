@@ -29,6 +29,7 @@ BENCHMARKS: list[str] = [
     "health_rps",
     "sse_fanout",
     "spawn",
+    "sandbox",
     "beads",
     "throughput",
     "waves",

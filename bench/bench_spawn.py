@@ -76,6 +76,8 @@ def _toml(value: Any) -> str:
         return json.dumps(value)  # a JSON string is a valid TOML basic string
     if isinstance(value, list):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table, e.g. a profile's sandbox
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"cannot write {value!r} as TOML")
 
 

@@ -221,3 +221,78 @@ def test_doctor_says_what_this_machine_can_enforce(repo: Path, outside: Path) ->
     assert sandbox["verdict"] == "fail"
     assert "no Landlock" in sandbox["detail"] and "boxed (workspace)" in sandbox["detail"]
     assert 'mode = "off"' in sandbox["fix"]
+
+
+READ_ONLY_PROBE = (
+    'touch mine 2>/dev/null && echo "worktree: written" || echo "worktree: refused";'
+    ' t=$(mktemp) && echo "tmpdir: written" && rm -f "$t";'
+    ' cat "$HOME/.ssh/id_test" >/dev/null 2>&1 && echo "key: read" || echo "key: refused"'
+)
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("read-only", ["worktree: refused", "tmpdir: written", "key: refused"]),
+        ("off", ["worktree: written", "tmpdir: written", "key: read"]),
+    ],
+)
+def test_a_read_only_sandbox_writes_only_its_tmpdir(
+    repo: Path, home: Path, mode: str, expected: list[str]
+) -> None:
+    write_core_config(
+        repo,
+        agents={
+            "probe": {"command": ["/bin/sh", "-c", READ_ONLY_PROBE], "sandbox": {"mode": mode}}
+        },
+        scheduler={"default_agent": "probe"},
+    )
+    with core_daemon(repo, env={"HOME": str(home)}) as daemon:
+        c = daemon.client()
+        c.post("/tasks", {"id": "probe", "title": "probe", "maxAttempts": 1})
+        c.post("/session/start", {"maxAgents": 1})
+        wait_for(
+            lambda: c.get("/tasks/probe")["status"] in ("review", "failed", "done"),
+            timeout=30,
+            message="the probe to end",
+        )
+        (agent,) = c.get("/agents", params={"all": "1"})
+        output = (Path(agent["runDir"]) / "output.log").read_text()
+    assert output.split("\n")[:3] == expected, output
+
+
+def test_a_claude_profile_writes_its_own_state_by_default(tmp_path: Path) -> None:
+    """The policy, without a process: the claude adapter's ~/.claude and ~/.claude.json are
+    writable unless the profile lists its own; ``.grid/`` is hidden whatever it lists."""
+    from gridd.agents.sandbox import sandbox_for
+    from gridd.settings import SandboxSettings
+
+    home, grid = tmp_path / "home", tmp_path / "repo" / ".grid"
+    worktree, run_dir = grid / "worktrees" / "t1", grid / "runs" / "claude-1"
+    settings = SandboxSettings(mode="workspace", hidden=["~/.ssh"])
+    box = sandbox_for(
+        settings, adapter="claude", worktree=worktree, run_dir=run_dir, grid_dir=grid, home=home
+    )
+    assert box is not None
+    assert box.writable == (
+        str(worktree),
+        str(run_dir / "tmp"),
+        str(home / ".claude"),
+        str(home / ".claude.json"),
+    )
+    assert box.hidden == (str(home / ".ssh"), str(grid))
+    listed = SandboxSettings(mode="read-only", writable=["~/.cache/x", "build"], hidden=[])
+    box = sandbox_for(
+        listed, adapter="claude", worktree=worktree, run_dir=run_dir, grid_dir=grid, home=home
+    )
+    assert box is not None
+    assert box.writable == (str(run_dir / "tmp"), str(home / ".cache/x"), str(worktree / "build"))
+    assert box.hidden == (str(grid),)
+    off = SandboxSettings()
+    assert off.mode == "off"
+    assert (
+        sandbox_for(
+            off, adapter="claude", worktree=worktree, run_dir=run_dir, grid_dir=grid, home=home
+        )
+        is None
+    )

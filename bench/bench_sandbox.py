@@ -1,0 +1,109 @@
+"""Spawn latency with the sandbox against without it, in the same daemon and run.
+
+One real daemon serves a fresh repository with two profiles running the same trivial agent
+(``bench_spawn.TRIVIAL_AGENT``: one file written in its worktree): ``open`` (no sandbox) and
+``boxed`` (``[agents.boxed.sandbox] mode = "workspace"``: Landlock applied by the shim's
+child before ``exec``, after planning the rules down the hidden paths' ancestors). Spawns
+alternate between the two, one at a time, each left to complete before the next: the clock
+runs from ``POST /tasks/{id}/start`` to that task's ``agent.spawned`` at an SSE client, as in
+``bench_spawn``.
+
+Baseline: the ``open`` spawns. Target: the ``boxed`` median <= 1.2 x the ``open`` median.
+Skipped (no figures) on a kernel without Landlock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench.bench_spawn import TRIVIAL_AGENT, EventTap, agent_daemon, api
+from bench.common import Check, RawHTTP, latency_baseline, median, ms_summary, result
+from gridd.agents import landlock
+from gridd.client import SSEEvent
+
+NAME = "sandbox"
+RUNS = 16
+RUNS_QUICK = 6
+TARGET_RATIO = 1.2
+
+
+def _of_task(task_id: str) -> Callable[[SSEEvent], bool]:
+    return lambda event: bool(event.data.get("taskId") == task_id)
+
+
+def _spawns(runs: int) -> dict[str, list[float]]:
+    agents = {
+        "open": {"command": TRIVIAL_AGENT},
+        "boxed": {"command": TRIVIAL_AGENT, "sandbox": {"mode": "workspace"}},
+    }
+    latencies: dict[str, list[float]] = {"open": [], "boxed": []}
+    types = ["agent.spawned", "agent.completed", "agent.failed", "task.start_failed"]
+    with (
+        agent_daemon(agents, default_agent="open") as daemon,
+        RawHTTP(daemon.sock, timeout=10) as http,
+        EventTap(daemon.sock, types=types) as tap,
+    ):
+        order = [("open" if n % 2 else "boxed") for n in range(2 * runs + 2)]  # 2 warm-ups
+        tasks = [{"id": f"s{n}", "title": f"s{n}", "agent": p} for n, p in enumerate(order)]
+        api(http, "POST", "/tasks", tasks)
+        for n, task in enumerate(tasks):
+            started = time.monotonic()
+            api(http, "POST", f"/tasks/{task['id']}/start")
+            arrived, event = tap.expect(_of_task(task["id"]), timeout=30)
+            if event.type != "agent.spawned":
+                raise RuntimeError(f"{task['id']}: {event.type} {event.data}")
+            if n >= 2:
+                latencies[task["agent"]].append(arrived - started)
+            _, done = tap.expect(_of_task(task["id"]), timeout=30)
+            if done.type != "agent.completed":
+                raise RuntimeError(f"{task['id']}: {done.type} {done.data}")
+    return latencies
+
+
+def run(quick: bool) -> dict[str, Any]:
+    runs = RUNS_QUICK if quick else RUNS
+    abi = landlock.abi_version()
+    if abi < 1:
+        return result(
+            name=NAME,
+            title="spawn latency in a sandbox: skipped, this kernel offers no Landlock",
+            checks=[],
+            baseline={},
+            ratio=None,
+            ratio_label="",
+            figures={"landlock_abi": abi},
+            quick=quick,
+        )
+    spawns = _spawns(runs)
+    open_ms = median(spawns["open"]) * 1000
+    boxed_ms = median(spawns["boxed"]) * 1000
+    ratio = boxed_ms / open_ms
+    return result(
+        name=NAME,
+        title="spawn latency with the sandbox (workspace mode) against without it",
+        checks=[
+            Check(
+                metric=f"median sandboxed spawn latency ({runs} spawns)",
+                value=round(boxed_ms, 2),
+                unit="ms",
+                target=f"<= {TARGET_RATIO:g} x unsandboxed ({TARGET_RATIO * open_ms:.1f} ms)",
+                passed=ratio <= TARGET_RATIO,
+            )
+        ],
+        baseline=latency_baseline("the same agent, sandbox off, same daemon", spawns["open"]),
+        ratio=ratio,
+        ratio_label="sandboxed median / unsandboxed median",
+        figures={
+            "runs": runs,
+            "landlock_abi": abi,
+            "sandboxed_ms": ms_summary(spawns["boxed"]),
+            "agent": TRIVIAL_AGENT,
+        },
+        quick=quick,
+        summary=f"sandboxed median {boxed_ms:.1f} ms, unsandboxed {open_ms:.1f} ms;"
+        f" ratio {ratio:.2f}",
+        notes="spawns alternate between the two profiles, one at a time, each run left to"
+        " complete; the first of each is a warm-up and not counted",
+    )

@@ -15,22 +15,16 @@ Skipped (no figures) on a kernel without Landlock.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
-from bench.bench_spawn import TRIVIAL_AGENT, EventTap, agent_daemon, api
+from bench.bench_spawn import TRIVIAL_AGENT, EventTap, _of_task, agent_daemon, api
 from bench.common import Check, RawHTTP, latency_baseline, median, ms_summary, result
 from gridd.agents import landlock
-from gridd.client import SSEEvent
 
 NAME = "sandbox"
 RUNS = 16
 RUNS_QUICK = 6
 TARGET_RATIO = 1.2
-
-
-def _of_task(task_id: str) -> Callable[[SSEEvent], bool]:
-    return lambda event: bool(event.data.get("taskId") == task_id)
 
 
 def _spawns(runs: int) -> dict[str, list[float]]:

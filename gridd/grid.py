@@ -344,7 +344,8 @@ class Grid:
             if problem is not None:
                 self._store_problem(problem)
             self._watch_writes()
-            self.disk.watch()
+            if self.store.write_error is None:  # (else the store would mark it again)
+                self.disk.watch()
 
     def _watch_writes(self) -> None:
         """``store`` is degraded from a write refused by a full or read-only disk until a

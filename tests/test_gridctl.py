@@ -474,7 +474,7 @@ def _state_with_work() -> RepoState:
 
 
 def test_status_view_shows_session_agents_questions_and_warnings() -> None:
-    console = Console(record=True, width=200)
+    console = Console(record=True, width=200, force_terminal=True)
     console.print(render.status_view(_state_with_work()))
     text = console.export_text()
     assert "gridd 9.9.9  pid 77  up 1h 2m 5s  last event #12" in text
@@ -487,7 +487,7 @@ def test_status_view_shows_session_agents_questions_and_warnings() -> None:
 
 
 def test_status_fits_80_columns_counting_only_the_statuses_tasks_are_in() -> None:
-    console = Console(record=True, width=80)
+    console = Console(record=True, width=80, force_terminal=True)
     console.print(render.status_view(_state_with_work()))
     text = console.export_text()
     assert all(len(line) <= 80 for line in text.splitlines())

@@ -23,8 +23,6 @@ import os
 import sys
 from typing import Any
 
-from rich.console import Console
-
 from gridd.cli import daemonctl, render, watch
 from gridd.cli.completion import COMPLETION
 from gridd.cli.context import (
@@ -88,7 +86,7 @@ def run_status(ctx: Context) -> int:
     if args.json:
         print(json.dumps(state, indent=2))
     else:
-        Console(highlight=False).print(render.status_view(render.parse_state(state)))
+        render.console().print(render.status_view(render.parse_state(state)))
     return EXIT_OK
 
 
@@ -107,7 +105,7 @@ def run_conflicts(ctx: Context) -> int:
     items = [render.parse_wire(ConflictItem, item) for item in data["conflicts"]]
     if not items:
         print("no overlapping work between live tasks")
-    console = Console(highlight=False)
+    console = render.console()
     for line in render.conflict_lines(items):
         console.print(line)
     return EXIT_OK
@@ -189,7 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gridctl",
         description="Control the gridd daemon of a git workspace. Commands that need the daemon"
         " start it when it is not running (unless --no-start).",
-        epilog="exit status: 0 ok, 1 error, 2 usage error, 3 daemon not reachable",
+        epilog="When standard output is not a terminal, list commands (task list, agents,"
+        " questions, status) print tab-separated lines: a header, then one line per record."
+        " exit status: 0 ok, 1 error, 2 usage error, 3 daemon not reachable",
     )
     add_global_options(parser, top=True)
     add_commands(parser, COMMANDS, dest="command", metavar="COMMAND")

@@ -19,8 +19,6 @@ import sys
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
-from rich.console import Console
-
 from gridd.cli import render
 from gridd.cli.context import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Command, Context, segment
 from gridd.errors import GriddError
@@ -130,7 +128,7 @@ def run_questions(ctx: Context) -> int:
         table = render.questions_table(questions, empty="no questions", title="questions")
     else:
         table = render.questions_table(questions)
-    Console(highlight=False).print(table)
+    render.console().print(table)
     return EXIT_OK
 
 

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
@@ -34,6 +35,16 @@ from gridd.model import (
 
 _ELLIPSIS = "…"
 _Model = TypeVar("_Model", bound=BaseModel)
+
+
+def console() -> Console:
+    """The console a command prints to. On a terminal, rich's; anywhere else nothing is
+    wrapped or cut at a width (a log or a script reads whole lines), and tables are
+    tab-separated (``FittedTable``)."""
+    out = Console(highlight=False)
+    if not out.is_terminal:
+        out.soft_wrap = True
+    return out
 
 
 def parse_wire(model: type[_Model], data: Any, *, what: str | None = None) -> _Model:
@@ -282,10 +293,23 @@ def _spend(agent: Agent) -> str:
     return f"{money(agent.cost_usd)}, {shown} tokens"
 
 
+def plain_cell(text: str) -> str:
+    """A cell of a tab-separated line: tabs and line breaks become spaces."""
+    return " ".join(text.replace("\t", " ").splitlines()) if text else ""
+
+
 class FittedTable:
-    """A table laid out for the width it is printed in. When its columns do not all fit,
-    those in ``give_way`` are left out, in that order, until the rest do; the columns kept
-    show their cells whole, except those in ``wrapped`` (name -> width), which wrap there."""
+    """A table laid out for where it is printed.
+
+    On a terminal, when its columns do not all fit, those in ``give_way`` are left out, in
+    that order, until the rest do; the columns kept show their cells whole, except those
+    in ``wrapped`` (name -> width), which wrap there. When even those do not fit, each row
+    becomes a block of ``column  value`` lines instead of a row of words wrapped one per line.
+
+    Anywhere else (a pipe, a file, a CI log) it is plain text: a header line of the column
+    names, then one line per row, the cells separated by tabs, every column, no title and
+    no decoration (``gridctl task list | cut -f1``). With ``titled`` (a table inside a larger
+    view, ``gridctl status``) the title, or ``empty``, comes first."""
 
     def __init__(
         self,
@@ -296,9 +320,12 @@ class FittedTable:
         give_way: Sequence[str],
         wrapped: Mapping[str, int] | None = None,
         right: Sequence[str] = (),
+        empty: str = "",
+        titled: bool = False,
     ) -> None:
         self.title, self.names, self.rows = title, list(columns), rows
         self.give_way, self.wrapped, self.right = give_way, dict(wrapped or {}), set(right)
+        self.empty, self.titled = empty, titled
         self._widths: dict[str, int] = {}
 
     def width_of(self, name: str) -> int:
@@ -310,18 +337,44 @@ class FittedTable:
             self._widths[name] = min(widest, self.wrapped.get(name, widest))
         return self._widths[name]
 
+    def _needed(self, names: Sequence[str]) -> int:
+        # Each column takes its widest cell, a space either side and one border.
+        return sum(self.width_of(n) + 3 for n in names) + 1
+
     def columns(self, max_width: int) -> list[str]:
         """The columns shown in ``max_width`` cells: all, or all but those that gave way."""
         shown = list(self.names)
         for name in self.give_way:
-            # Each column takes its widest cell, a space either side and one border.
-            if sum(self.width_of(n) + 3 for n in shown) + 1 <= max_width:
+            if self._needed(shown) <= max_width:
                 break
             shown.remove(name)
         return shown
 
+    def plain_lines(self) -> list[str]:
+        """The tab-separated form: the header, then one line per row."""
+        lines = ["\t".join(self.names)]
+        lines += [
+            "\t".join(plain_cell(row[name].plain) for name in self.names) for row in self.rows
+        ]
+        return lines
+
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if not options.is_terminal:
+            if self.titled:
+                yield Text(self.title if self.rows else self.empty)
+            if self.rows or not self.titled:
+                # Segments, not Text: a line is never wrapped at the console's width.
+                for line in self.plain_lines():
+                    yield Segment(line)
+                    yield Segment.line()
+            return
+        if not self.rows:
+            yield Text(self.empty, style="dim")
+            return
         shown = self.columns(options.max_width)
+        if self._needed(shown) > options.max_width:
+            yield from self._blocks()
+            return
         table = Table(title=self.title, title_justify="left")
         for name in shown:
             wraps = name in self.wrapped
@@ -335,16 +388,30 @@ class FittedTable:
             table.add_row(*(row[name] for name in shown))
         yield table
 
+    def _blocks(self) -> RenderResult:
+        """One block per row, every column: for a width no table fits in."""
+        yield Text(self.title, style="italic")
+        for row in self.rows:
+            block = Table.grid(padding=(0, 2))
+            block.add_column(style="bold", no_wrap=True)
+            block.add_column()
+            for name in self.names:
+                block.add_row(name, row[name])
+            yield Text("")
+            yield block
+
 
 def agents_table(
-    agents: Iterable[Agent], *, empty: str = "no agents", now: datetime | None = None
+    agents: Iterable[Agent],
+    *,
+    empty: str = "no agents",
+    now: datetime | None = None,
+    titled: bool = False,
 ) -> RenderableType:
     """Agents, one row each: id, task (and session), profile, status (exit code, how long it
     has waited, stalled), pid, age, cost (and tokens), activity (the tool in use, if any) and
     last output."""
     agents = list(agents)
-    if not agents:
-        return Text(empty, style="dim")
     columns: tuple[str, ...] = (
         "agent",
         "task",
@@ -386,6 +453,8 @@ def agents_table(
         rows,
         give_way=("pid", "cost", "profile", "running for", "activity"),
         wrapped={"activity": 24, "last output": 40, "sandbox": 30},
+        empty=empty,
+        titled=titled,
     )
 
 
@@ -411,21 +480,18 @@ def questions_table(
     empty: str = "no pending questions",
     title: str = "pending questions",
     now: datetime | None = None,
+    titled: bool = False,
 ) -> RenderableType:
     """Questions, one row each: id, agent, task, type, question, options, how long it waited
     (and, when any is no longer pending, its status and answer)."""
     rows = list(questions)
-    if not rows:
-        return Text(empty, style="dim")
     settled = any(q.status != QuestionStatus.PENDING for q in rows)
-    table = Table(title=f"{title} ({len(rows)})", title_justify="left")
     names = ["question id", "agent", "task", "type", "question", "options", "waited"]
     if settled:
         names.append("status")
-    for name in names:
-        table.add_column(name, no_wrap=name not in {"question", "options", "status"})
+    cells = []
     for q in rows:
-        cells = [
+        values = [
             q.id,
             q.agent_id,
             q.task_id,
@@ -435,9 +501,17 @@ def questions_table(
             _question_wait(q, now=now),
         ]
         if settled:
-            cells.append(_question_status(q))
-        table.add_row(*_plain(*cells))
-    return table
+            values.append(_question_status(q))
+        cells.append(dict(zip(names, _plain(*values), strict=True)))
+    return FittedTable(
+        f"{title} ({len(rows)})",
+        names,
+        cells,
+        give_way=("type", "waited"),
+        wrapped={"question": 40, "options": 24, "status": 30},
+        empty=empty,
+        titled=titled,
+    )
 
 
 def status_view(state: RepoState, *, now: datetime | None = None) -> RenderableType:
@@ -457,8 +531,8 @@ def status_view(state: RepoState, *, now: datetime | None = None) -> RenderableT
     parts += conflict_lines(state.conflicts)
     parts += [
         Text(""),
-        agents_table(state.agents, now=now),
-        questions_table(state.pending_questions, now=now),
+        agents_table(state.agents, now=now, titled=True),
+        questions_table(state.pending_questions, now=now, titled=True),
     ]
     for warning in state.daemon.warnings:
         parts.append(Text.assemble(("warning: ", "bold yellow"), warning))

@@ -74,9 +74,8 @@ def _task_row(t: Task, now: datetime | None) -> dict[str, Text]:
 
 
 def task_table(tasks: Sequence[Task], *, now: datetime | None = None) -> RenderableType:
-    """``gridctl task list``: one row per task, fitted to the terminal's width."""
-    if not tasks:
-        return Text("no tasks", style="dim")
+    """``gridctl task list``: one row per task, fitted to the terminal's width (or
+    tab-separated, when not printed on a terminal)."""
     return FittedTable(
         f"tasks ({len(tasks)})",
         (*TASK_COLUMNS, "updated"),
@@ -84,6 +83,7 @@ def task_table(tasks: Sequence[Task], *, now: datetime | None = None) -> Rendera
         give_way=("branch", "sessions", "cost", "updated", "agent"),
         wrapped={"deps": 24},
         right=("pri",),
+        empty="no tasks",
     )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
-from gridd.cli import render_tasks
+from gridd.cli import render, render_tasks
 from gridd.cli.context import EXIT_OK, EXIT_USAGE, Command, Context, group, positive_int, segment
 from gridd.cli.render import parse_wire
 from gridd.model import Agent, Task, TaskStatus
@@ -36,7 +36,7 @@ def _seconds(text: str) -> float:
 
 
 def _console() -> Console:
-    return Console(highlight=False)
+    return render.console()
 
 
 # -- add --------------------------------------------------------------------------------------

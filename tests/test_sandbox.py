@@ -296,3 +296,25 @@ def test_a_claude_profile_writes_its_own_state_by_default(tmp_path: Path) -> Non
         )
         is None
     )
+
+
+def test_a_writable_path_holding_a_hidden_one_is_refused(tmp_path: Path) -> None:
+    """Landlock grants a directory with all below it: ``writable = ["~"]`` would make
+    ``~/.ssh`` readable, so the run is refused, saying which paths clash."""
+    from gridd.agents.sandbox import sandbox_for
+    from gridd.errors import GriddError
+    from gridd.settings import SandboxSettings
+
+    home, grid = tmp_path / "home", tmp_path / "repo" / ".grid"
+    settings = SandboxSettings(mode="workspace", writable=["~"])
+    with pytest.raises(GriddError) as refused:
+        sandbox_for(
+            settings,
+            adapter="heartbeat",
+            worktree=grid / "worktrees" / "t1",
+            run_dir=grid / "runs" / "x-1",
+            grid_dir=grid,
+            home=home,
+        )
+    assert refused.value.code == "sandbox_invalid"
+    assert f"{home} holds the hidden path {home / '.ssh'}" in refused.value.message

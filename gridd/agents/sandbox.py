@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gridd.errors import GriddError
 from gridd.settings import SandboxSettings
 
 #: Per adapter: what its CLI writes besides the worktree, when the profile lists nothing.
@@ -89,6 +90,15 @@ def sandbox_for(
     ]
     hidden = [_expand(p, home) for p in settings.hidden]
     hidden.append(os.path.realpath(grid_dir))
+    for path in writable:
+        covered = [h for h in hidden if h == path or h.startswith(path.rstrip("/") + "/")]
+        if covered:  # writing a directory means reading all below it: nothing stays hidden
+            raise GriddError(
+                f"sandbox: the writable path {path} holds the hidden path {covered[0]}; take"
+                " it out of the profile's [agents.<name>.sandbox] writable",
+                code="sandbox_invalid",
+                details={"writable": path, "hidden": covered[0]},
+            )
     appendable = tuple(
         os.path.realpath(run_dir / name) for name in ("output.log", "heartbeat.ndjson")
     )

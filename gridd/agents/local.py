@@ -66,7 +66,7 @@ class LocalExecutor:
                     code="sandbox_unavailable",
                     details={"mode": launch.sandbox.mode, "landlockAbi": abi},
                 )
-            Path(launch.sandbox.tmpdir).mkdir(mode=0o700, exist_ok=True)
+            launch.sandbox.make_missing()  # its TMPDIR; a CLI's state on its first run
             sandbox = launch.sandbox.spec(abi=self.landlock_abi)
         return await AgentProcess.spawn(
             launch.run_dir,

@@ -28,7 +28,10 @@ from gridd.errors import GriddError
 from gridd.settings import SandboxSettings
 
 #: Per adapter: what its CLI writes besides the worktree, when the profile lists nothing.
-ADAPTER_WRITABLE: dict[str, tuple[str, ...]] = {"claude": ("~/.claude", "~/.claude.json")}
+#: A path written with a trailing ``/`` is a directory: made (0700) if missing when a run
+#: starts; any other missing one is made an empty file (0600). Landlock grants an inode, so
+#: what does not exist could not be written (a CLI's first run makes its state).
+ADAPTER_WRITABLE: dict[str, tuple[str, ...]] = {"claude": ("~/.claude/", "~/.claude.json")}
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,20 @@ class Sandbox:
     #: Files the agent may append to, never truncate: its output log, its heartbeat file.
     appendable: tuple[str, ...]
     tmpdir: str
+    #: The writable paths that are directories (the others are files, when made).
+    directories: frozenset[str] = frozenset()
+
+    def make_missing(self) -> None:
+        """Make each writable path that does not exist yet: a directory (0700) or an
+        empty file (0600), as its spelling says."""
+        for path in self.writable:
+            if os.path.lexists(path):
+                continue
+            if path in self.directories:
+                os.makedirs(path, mode=0o700, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
 
     def spec(self, *, abi: int | None = None) -> dict[str, object]:
         """The form the shim reads (``spec.marshal``); ``abi``: a ceiling on the kernel's
@@ -84,10 +101,9 @@ def sandbox_for(
     writable = [tmpdir]
     if settings.mode == "workspace":
         writable.insert(0, os.path.realpath(worktree))
-    writable += [
-        _expand(str(worktree / p) if not p.startswith(("/", "~")) else p, home)
-        for p in listed or ()
-    ]
+    spelled = [str(worktree / p) if not p.startswith(("/", "~")) else p for p in listed or ()]
+    writable += [_expand(p, home) for p in spelled]
+    directories = {tmpdir, *(_expand(p, home) for p in spelled if p.endswith("/"))}
     hidden = [_expand(p, home) for p in settings.hidden]
     hidden.append(os.path.realpath(grid_dir))
     for path in writable:
@@ -108,4 +124,5 @@ def sandbox_for(
         hidden=tuple(dict.fromkeys(hidden)),
         appendable=appendable,
         tmpdir=tmpdir,
+        directories=frozenset(directories),
     )

@@ -302,7 +302,7 @@ class Spawner:
             worktree=worktree.path,
             run_dir=run_dir,
             grid_dir=self.ctx.workspace.grid_dir,
-            home=Path(self.environ.get("HOME") or Path.home()),
+            home=Path(env.get("HOME") or Path.home()),  # the profile's env may set it
         )
         if sandbox is not None:
             env |= {"TMPDIR": sandbox.tmpdir, "TMP": sandbox.tmpdir, "TEMP": sandbox.tmpdir}

@@ -1,0 +1,67 @@
+"""The real Claude Code CLI (pinned, tests/tools/install-claude.sh) finishes a task inside
+the workspace sandbox, against the loopback stand-in of the Messages API: Write and Bash
+work in its worktree, its own state (``~/.claude``, ``~/.claude.json``, made for it when
+missing: a first run) is writable, and a
+command that reaches outside gets the ordinary "Permission denied", which the model sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gridd.agents import landlock
+from tests.anthropic_standin import StandIn, standin, tool
+from tests.helpers import core_daemon, git_show, wait_task_status, write_core_config
+from tests.real_cli import agent_of
+from tests.test_claude_real import CLAUDE, claude_profile
+
+pytestmark = [
+    pytest.mark.skipif(
+        not CLAUDE.exists(), reason="run tests/tools/install-claude.sh (make test does)"
+    ),
+    pytest.mark.skipif(landlock.abi_version() < 1, reason="this kernel offers no Landlock"),
+    pytest.mark.timeout(180),
+]
+
+
+@pytest.fixture
+def api() -> Iterator[StandIn]:
+    with standin() as server:
+        yield server
+
+
+def test_the_real_claude_cli_finishes_a_task_inside_the_workspace_sandbox(
+    repo: Path, tmp_path: Path, api: StandIn
+) -> None:
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_test").write_text("-----BEGIN TEST KEY-----\n")
+    profile = claude_profile(api, home, allowed_tools=["Bash", "Write"])
+    profile["sandbox"] = {"mode": "workspace"}
+    write_core_config(repo, agents={"claude": profile}, scheduler={"default_agent": "claude"})
+    worktree = repo / ".grid" / "worktrees" / "box"
+    escape = f"echo x > {home}/escape.txt; cat {home}/.ssh/id_test; echo ran > bash.txt"
+    api.push(
+        tool("Write", {"file_path": str(worktree / "hello.txt"), "content": "hello\n"}),
+        tool("Bash", {"command": escape, "description": "reach outside, then work"}),
+    )
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        c.post("/tasks", {"id": "box", "title": "box", "prompt": "do the task"})
+        c.post("/session/start", {"featureBranch": "feature/claude"})
+        task = wait_task_status(c, "box", "review", timeout=120)
+        agent = agent_of(c, "box")
+    assert agent["exitCode"] == 0, agent
+    assert agent["sandbox"]["mode"] == "workspace"
+    assert sorted(task["changedFiles"]) == ["bash.txt", "hello.txt"]
+    assert git_show(repo, "grid/box:hello.txt") == "hello\n"
+    write, bash = api.tool_results()
+    assert "created successfully" in str(write["content"])
+    assert str(bash["content"]).count("Permission denied") == 2, bash
+    assert not (home / "escape.txt").exists()
+    assert "TEST KEY" not in str(bash["content"])
+    # Its state, made for it on this first run, is its own to write.
+    assert (home / ".claude").is_dir() and (home / ".claude.json").is_file()

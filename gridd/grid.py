@@ -467,6 +467,7 @@ class Grid:
             stats=self.state.stats(),
             daemon=self.daemon_info(),
             conflicts=list(self.radar.items.values()),
+            merge_train=self.merges.train,
         )
 
     def state_json(self) -> bytes:
@@ -486,6 +487,7 @@ class Grid:
             b'"pendingQuestions":' + dump(list(self.questions.pending())),
             b'"stats":' + dump(self.state.stats()),
             b'"daemon":' + dump(self.daemon_info()),
-            b'"conflicts":' + dump(list(self.radar.items.values())) + b"}",
+            b'"conflicts":' + dump(list(self.radar.items.values())),
+            b'"mergeTrain":' + (dump(train) if (train := self.merges.train) else b"null") + b"}",
         ]
         return b",".join(parts)

@@ -232,6 +232,23 @@ class ConflictItem(WireModel):
     feature_commit: str | None = None  # for kind feature: the feature branch's tip
 
 
+class MergeTrain(WireModel):
+    """The merge train's candidate under way (``[merge] max_batch`` > 1): which tasks ride
+    in it and where it is. ``phase``: ``merging`` (built in the integration worktree),
+    ``gating`` (the check runs on it since ``gate_started_at``), ``landing`` (the feature
+    branch moves to it)."""
+
+    batch_id: str
+    phase: str
+    tasks: list[str]  # riding, in order
+    feature_commit: str | None = None  # merged onto
+    candidate: str | None = None
+    bisecting: bool = False  # part of a failed batch, gated to find the task that fails
+    retry: bool = False  # a last suspect gated alone once more
+    gate_started_at: datetime | None = None
+    retries: int = 0  # since the daemon started: last suspects that passed alone (flaky)
+
+
 class RepoState(WireModel):
     session: SessionState
     tasks: list[Task]
@@ -240,6 +257,7 @@ class RepoState(WireModel):
     stats: Stats
     daemon: DaemonInfo
     conflicts: list[ConflictItem] = Field(default_factory=list)
+    merge_train: MergeTrain | None = None
 
 
 class Event(WireModel):

@@ -27,6 +27,7 @@ from tests.helpers import (
     agent_command,
     core_daemon,
     event_log,
+    gridctl,
     wait_for,
     wait_task_status,
     write_core_config,
@@ -263,6 +264,30 @@ def test_a_user_commit_on_the_feature_branch_mid_train_is_kept(repo: Path, logdi
         assert_merged_once_each(repo, "feature/user", ids)
         assert len(gate_runs(logdir)) == 2  # the candidate was built again on top, and gated
         assert "user.txt" in gate_runs(logdir)[1]
+
+
+def test_state_and_gridctl_status_show_which_tasks_ride_in_the_candidate(
+    repo: Path, logdir: Path
+) -> None:
+    configure(repo, logdir)
+    ids = names(3)
+    (logdir / "hold-1").touch()
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        start_and_approve(c, plan(ids), "feature/shown")
+        wait_for((logdir / "held-1").exists, timeout=30, message="the first gate")
+        train = c.get("/state")["mergeTrain"]
+        started = event_log(c, types={"merge.batch_started"})[0].data
+        assert train["batchId"] == started["batchId"]
+        assert train["phase"] == "gating" and train["tasks"] == ids
+        assert train["candidate"] == started["candidate"] and train["gateStartedAt"]
+        shown = gridctl(repo, "--no-start", "status").stdout
+        assert "merge train: 3 task(s) ride (gating for" in shown
+        assert "t01, t02, t03" in shown
+        (logdir / "hold-1").unlink()
+        settled(c, ids)
+        assert c.get("/state")["mergeTrain"] is None
+        assert "merge train" not in gridctl(repo, "--no-start", "status").stdout
 
 
 def user_commit(repo: Path, branch: str) -> str:

@@ -198,6 +198,28 @@ def _merged_line(state: RepoState) -> Text | None:
     return Text.assemble(("merged: ", "dim"), ", ".join(parts))
 
 
+def train_line(state: RepoState, *, now: datetime | None = None) -> Text | None:
+    """The merge train's candidate under way: its phase and the tasks riding in it."""
+    train = state.merge_train
+    if train is None:
+        return None
+    phase = train.phase
+    if phase == "gating" and train.gate_started_at is not None:
+        phase = f"gating for {waited(train.gate_started_at, now=now)}"
+    what = [phase]
+    if train.bisecting:
+        what.append("bisecting a failed batch")
+    if train.retry:
+        what.append("a last suspect, gated alone once more")
+    if train.candidate:
+        what.append(f"candidate {train.candidate[:12]}")
+    riding = clip(", ".join(train.tasks), 200)
+    return Text.assemble(
+        ("merge train: ", "dim"),
+        f"{len(train.tasks)} task(s) ride ({'; '.join(what)}): {riding}",
+    )
+
+
 def resume_text(when: datetime, *, now: datetime | None = None) -> str:
     """When a parked task resumes: ``14:05:00 (in 12m)`` in local time."""
     left = (when - (now or utcnow())).total_seconds()
@@ -525,6 +547,9 @@ def status_view(state: RepoState, *, now: datetime | None = None) -> RenderableT
     merged = _merged_line(state)
     if merged is not None:
         parts.append(merged)
+    train = train_line(state, now=now)
+    if train is not None:
+        parts.append(train)
     notes = _task_notes(state, now=now)
     if notes is not None:
         parts.append(notes)

@@ -53,7 +53,7 @@ from gridd.git.integration import CheckResult, Conflicted, Integration
 from gridd.git.landing import Held, Landing, Moved
 from gridd.git.train import Bisection, Blame
 from gridd.lifecycle import move_task
-from gridd.model import Task, TaskStatus, utcnow
+from gridd.model import MergeTrain, Task, TaskStatus, utcnow
 from gridd.settings import MergeSettings
 from gridd.state import GridState
 from gridd.worktrees import GitTimeout, Worktrees, git
@@ -156,7 +156,7 @@ class MergeQueue:
         self._retry_at: dict[str, float] = {}
         self._teardowns: list[str] = []  # merged tasks whose worktree is yet to go
         #: The candidate under way, for ``/state`` (which tasks ride in it, and where it is).
-        self.train: dict[str, object] | None = None
+        self.train: MergeTrain | None = None
         self.retries = 0  # last suspects that passed their gate alone: the gate was flaky
         state.on_change(self._wake.set)
 
@@ -403,6 +403,14 @@ class MergeQueue:
                 await self._blame(step.task, output=output, feature=feature)
                 bisection.blamed()
                 break
+            self.train = MergeTrain(
+                batch_id=batch,
+                phase="merging",
+                tasks=step.tasks,
+                bisecting=bisection.failing,
+                retry=step.retry,
+                retries=self.retries,
+            )
             built = await self._candidate(step.tasks, feature=feature)
             if built is None:
                 return  # every one left the batch (conflicts, markers, cancels)
@@ -412,7 +420,7 @@ class MergeQueue:
                 if bisection.failing:
                     return  # the evidence was about others: the queue starts over
                 bisection.restart(ids)
-            self._train_view(batch, rides, tip=tip, phase="gating")
+            self._train_view(rides, tip=tip, phase="gating")
             self.bus.publish(
                 "merge.batch_started",
                 {
@@ -438,7 +446,7 @@ class MergeQueue:
                 )
                 if step.retry:
                     self.retries += 1
-                self._train_view(batch, rides, tip=tip, phase="landing")
+                self._train_view(rides, tip=tip, phase="landing")
                 for task, commit in rides:  # recorded progress
                     self.state.update_task(task.id, merge_commit=commit)
                 await self.pause.wait()
@@ -571,16 +579,19 @@ class MergeQueue:
             if self._merging(task.id) is not None:
                 self.state.update_task(task.id, merge_commit=None)
 
-    def _train_view(
-        self, batch: str, rides: list[tuple[Task, str]], *, tip: str, phase: str
-    ) -> None:
-        self.train = {
-            "batchId": batch,
-            "phase": phase,
-            "featureCommit": tip,
-            "candidate": rides[-1][1],
-            "tasks": [t.id for t, _ in rides],
-        }
+    def _train_view(self, rides: list[tuple[Task, str]], *, tip: str, phase: str) -> None:
+        if self.train is None:
+            return
+        self.train = self.train.model_copy(
+            update={
+                "phase": phase,
+                "tasks": [t.id for t, _ in rides],
+                "feature_commit": tip,
+                "candidate": rides[-1][1],
+                "gate_started_at": utcnow() if phase == "gating" else self.train.gate_started_at,
+                "retries": self.retries,
+            }
+        )
 
     def _abandoned(self, task_id: str, feature: str) -> bool:
         """True (and said once) when the task is no longer the queue's: cancelled, say."""

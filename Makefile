@@ -24,6 +24,7 @@ agent-clis: claude-cli
 
 test: $(STAMP) agent-clis
 	sh contrib/vscode/scripts/setup.sh
+	sh contrib/podman/setup.sh
 	$(BIN)/pytest -n 2 --dist loadgroup -q
 
 lint: $(STAMP)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gridd import API_VERSION, HANDOVER_PROTOCOL, __version__
 from gridd.agents.executor import Executor
-from gridd.agents.local import LocalExecutor
+from gridd.agents.executors import build_executor
 from gridd.background import Background
 from gridd.dbguard import Problem
 from gridd.diskfault import DISK_PART, DiskFault
@@ -98,14 +98,8 @@ class Grid:
         self.state = GridState(store, self.bus)
         self.worktrees = Worktrees(workspace.root, workspace.worktrees_dir)
         self.questions = QuestionBook(store=store, state=self.state, bus=self.bus)
-        #: Starts, signals and reattaches agents: the local shim executor (agents/executor.py).
-        self.executor: Executor = executor or LocalExecutor(
-            workspace.runs_dir,
-            spawn_timeout=settings.scheduler.spawn_timeout_seconds,
-            grid_dir=workspace.grid_dir,
-            orphan_grace=settings.scheduler.orphan_grace_seconds,
-            landlock_abi=settings.daemon.landlock_abi,
-        )
+        #: Starts, signals and reattaches agents: here or in boxes (agents/executors.py).
+        self.executor: Executor = executor or build_executor(workspace, settings)
         self.pool = AgentPool(
             workspace=workspace,
             settings=settings,

@@ -152,6 +152,9 @@ class Agent(WireModel):
     # What the kernel lets the run touch (``agents/sandbox.py``): mode, writable, hidden.
     # None: no sandbox (mode off).
     sandbox: dict[str, Any] | None = None
+    # Where the run executes (docs/executors.md): None on this machine; in a box, the
+    # engine and the box's name, e.g. {"kind": "podman", "box": "grid-1a2b3c4d-a12"}.
+    executor: dict[str, str] | None = None
 
 
 class QuestionStatus(StrEnum):

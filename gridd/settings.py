@@ -243,6 +243,9 @@ class AgentProfile(_Section):
         default_factory=SandboxSettings.model_construct,
         description="the kernel-enforced sandbox of its runs (mode off by default)",
     )
+    executor: Literal["local", "podman"] | None = Field(
+        default=None, description="where its runs execute; unset: [executors] default"
+    )
 
 
 #: How gridd runs Claude Code headless: stream-json both ways (stdin stays open for follow-ups
@@ -501,6 +504,43 @@ class MergeSettings(_Section):
     )
 
 
+class PodmanSettings(_Section):
+    """The podman executor: each run in a container of its own (docs/executors.md)."""
+
+    command: list[str] = Field(default_factory=lambda: ["podman"], description="argv of podman")
+    image: str = Field(
+        default="",
+        description="the box image; empty: built from Debian packages with mmdebstrap, cached",
+    )
+    suite: str = Field(default="bookworm", description="Debian suite of the built image")
+    packages: list[str] = Field(
+        default_factory=lambda: ["git", "python3"],
+        description="packages of the built image (git and Python run the in-box shim)",
+    )
+    runtime: str | None = Field(default="runc", description="--runtime; unset: podman's own")
+    ulimits: list[str] = Field(
+        default_factory=lambda: ["nofile=1024:1024", "nproc=1024:1024"],
+        description="--ulimit values (a VM whose limits runc may not raise needs them lowered)",
+    )
+    network: str = Field(default="none", description="--network: 'none' keeps the box offline")
+    mounts: list[str] = Field(
+        default_factory=list, description="--volume values (host:box[:ro]); none by default"
+    )
+    memory: str | None = Field(default=None, description="--memory limit, e.g. '2g'")
+    look_seconds: float = Field(
+        default=0.25, gt=0, le=10, description="how often the mirror looks at each box"
+    )
+
+
+class ExecutorSettings(_Section):
+    """Where runs execute: on this machine or in a box (docs/executors.md)."""
+
+    default: Literal["local", "podman"] = Field(
+        default="local", description="for profiles that set no executor"
+    )
+    podman: PodmanSettings = Field(default_factory=PodmanSettings.model_construct)
+
+
 class Settings(_Section):
     """All of gridd's settings, grouped by the part of the daemon they steer.
 
@@ -521,6 +561,7 @@ class Settings(_Section):
     )
     merge: MergeSettings = Field(default_factory=MergeSettings.model_construct)
     supervisor: SupervisorSettings = Field(default_factory=SupervisorSettings.model_construct)
+    executors: ExecutorSettings = Field(default_factory=ExecutorSettings.model_construct)
 
     def profiles(self) -> dict[str, AgentProfile]:
         """Built-in profiles overlaid with the configured ones."""

@@ -11,10 +11,13 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from rich.console import Console
+
 from gridd.agents.boxes import DirectoryBoxes
 from gridd.agents.remote import RemoteExecutor
+from gridd.cli.render import agents_table
 from gridd.grid import Grid
-from gridd.model import TaskStatus
+from gridd.model import Agent, TaskStatus
 from gridd.specs import PlanSpec, SessionStart, normalise_plan
 from tests.helpers import agent_command, git_show, inprocess_daemon, kill_workspace_agents
 
@@ -153,3 +156,21 @@ def test_the_in_box_inbox_keeps_each_numbered_message_once(tmp_path: Path) -> No
     assert put(2, b"second\n") == "new"
     inbox = boxes.base / "b" / "run" / "inbox"
     assert sorted(p.name for p in inbox.iterdir()) == ["00000001.msg", "00000002.msg"]
+
+
+def test_gridctl_agents_shows_where_each_run_executes() -> None:
+    boxed = Agent(
+        id="reader-1",
+        task_id="a",
+        profile="reader",
+        worktree_path="/w",
+        executor={"kind": "podman", "box": "grid-1a2b3c4d-reader-1"},
+    )
+    here = Agent(id="reader-2", task_id="b", profile="reader", worktree_path="/w")
+    console = Console(width=250, record=True, highlight=False)
+    console.print(agents_table([boxed, here]))
+    rows = {
+        line.split()[1]: line for line in console.export_text().splitlines() if "reader-" in line
+    }
+    assert "podman grid-1a2b3c4d-reader-1" in rows["reader-1"]
+    assert "local" in rows["reader-2"]

@@ -117,7 +117,7 @@ def test_a_section_left_out_of_the_config_equals_one_validated_from_nothing(
 
 
 def test_settings_made_from_no_config_equal_settings_validated_from_nothing() -> None:
-    assert len(SECTIONS) == 8
+    assert len(SECTIONS) == 9
     assert Settings.model_construct() == Settings.model_validate({})
 
 

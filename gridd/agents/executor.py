@@ -53,6 +53,8 @@ class Launch:
     env: dict[str, str] = field(repr=False)
     #: "pipe" (the pool may write to it), "null" or "inherit" (as the profile says).
     stdin: str = "pipe"
+    #: Where it runs: "local", or a box engine's name (``agents/executors.py``).
+    executor: str = "local"
     #: What the kernel lets the agent touch (None: no sandbox). An executor that cannot
     #: enforce it raises ``GriddError`` (code ``sandbox_unavailable``): never unconfined.
     sandbox: Sandbox | None = None

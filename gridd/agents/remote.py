@@ -52,6 +52,13 @@ def box_name(workspace: Path, run_dir: Path) -> str:
     return f"grid-{tag}-{run_dir.name}"
 
 
+def placement(executor: str, workspace: Path, run_dir: Path) -> dict[str, str] | None:
+    """Where a run executes, as ``Agent.executor`` shows it: None on this machine."""
+    if executor == "local":
+        return None
+    return {"kind": executor, "box": box_name(workspace, run_dir)}
+
+
 def _git(cwd: Path, *args: str) -> str:
     return subprocess.run(
         ["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True
@@ -143,7 +150,9 @@ class RemoteExecutor:
         workspace: Path,
         spawn_timeout: float = 30.0,
         labels: dict[str, str] | None = None,
+        look_seconds: float = LOOK_SECONDS,
     ) -> None:
+        self.look_seconds = look_seconds
         self.engine = engine
         self.workspace = workspace
         self.spawn_timeout = spawn_timeout
@@ -156,19 +165,26 @@ class RemoteExecutor:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="gridd-mirror", daemon=True)
-            self._thread.start()
+        """Nothing until a run needs the mirror (``_watch``): a daemon whose runs are all
+        local has no mirror thread."""
+
+    def _watch(self, mirror: RunMirror) -> None:
+        with self._lock:
+            self.mirrors[mirror.run_dir] = mirror
+            if self._thread is None:
+                self._stop.clear()
+                self._thread = threading.Thread(target=self._run, name="gridd-mirror", daemon=True)
+                self._thread.start()
 
     def close(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
 
     def _run(self) -> None:
-        while not self._stop.wait(LOOK_SECONDS):
+        while not self._stop.wait(self.look_seconds):
             with self._lock:
                 mirrors = list(self.mirrors.values())
             for mirror in mirrors:
@@ -191,13 +207,25 @@ class RemoteExecutor:
     # -- the seam ------------------------------------------------------------------------
 
     async def spawn(self, launch: Launch) -> AgentHandle:
+        if launch.sandbox is not None:
+            # The box is the isolation; Landlock is the local shim's. Never unconfined
+            # silently: the profile asks for what this executor does not do.
+            raise GriddError(
+                f"the {self.engine.kind} executor has no Landlock sandbox; the box is the"
+                " isolation: set the profile's sandbox mode to 'off'",
+                code="sandbox_unavailable",
+            )
         mirror = await asyncio.to_thread(self._create, launch)
         handle = RemoteHandle(mirror, self._inbox_lock)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.spawn_timeout
         while handle.pid is None and handle.exit_status() is None:
-            if mirror.lost is not None:
-                raise RemoteSpawnError(f"box {mirror.box} went away: {mirror.lost}")
+            if mirror.lost is not None or not mirror.running:
+                await asyncio.to_thread(self._forget, mirror)
+                raise RemoteSpawnError(
+                    f"box {mirror.box} stopped before its agent started: {mirror.lost}",
+                    details={"runDir": str(launch.run_dir)},
+                )
             if loop.time() > deadline:
                 # Given up on: the box goes, so that it can never start the agent later.
                 await asyncio.to_thread(self._forget, mirror)
@@ -261,8 +289,7 @@ class RemoteExecutor:
             base=remote["base"],
         )
         mirror.look()
-        with self._lock:
-            self.mirrors[run_dir] = mirror
+        self._watch(mirror)
         return mirror
 
     def _forget(self, mirror: RunMirror) -> None:
@@ -293,11 +320,3 @@ class RemoteExecutor:
         otherwise none ever will, since only this daemon creates boxes (True)."""
         name = box_name(self.workspace, run_dir)
         return self.engine.info(name) is None
-
-    def where(self, run_dir: Path) -> dict[str, str] | None:
-        """Where a run executes (for ``/agents/{id}``)."""
-        try:
-            remote = json.loads((run_dir / REMOTE).read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
-        return {"executor": self.engine.kind, "box": remote["box"]}

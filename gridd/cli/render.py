@@ -447,6 +447,9 @@ def agents_table(
     boxed = any(a.sandbox for a in agents)  # the column only where a sandbox is in use
     if boxed:
         columns += ("sandbox",)
+    remote = any(a.executor for a in agents)  # the column only where a run is in a box
+    runs_in: tuple[str, ...] = ("runs in",) if remote else ()
+    columns += runs_in
     rows = []
     for a in agents:
         elapsed = ((a.ended_at or now or utcnow()) - a.started_at).total_seconds()
@@ -460,6 +463,8 @@ def agents_table(
         )
         if boxed:
             cells.insert(-1, Text(sandbox_text(a)))
+        if remote:
+            cells.insert(-1, Text(_runs_in(a)))
         rows.append(
             dict(
                 zip(
@@ -473,11 +478,17 @@ def agents_table(
         f"agents ({len(agents)})",
         (*columns, "last output"),
         rows,
-        give_way=("pid", "cost", "profile", "running for", "activity"),
+        give_way=(*runs_in, "pid", "cost", "profile", "running for", "activity"),
         wrapped={"activity": 24, "last output": 40, "sandbox": 30},
         empty=empty,
         titled=titled,
     )
+
+
+def _runs_in(agent: Agent) -> str:
+    """Where the run executes: "local", or the engine and its box (docs/executors.md)."""
+    where = agent.executor
+    return "local" if not where else f"{where.get('kind', '?')} {where.get('box', '')}".strip()
 
 
 def _question_wait(question: Question, *, now: datetime | None = None) -> str:

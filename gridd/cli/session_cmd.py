@@ -249,7 +249,8 @@ AGENTS = Command(
     " long a waiting agent has waited, stalled), pid, how long they have run, cost, what they"
     " are doing (the tool in use, or their heartbeat's activity and message) and their last"
     " line of output; the cost column adds the tokens an agent reports (claude). Where a"
-    " run is in a sandbox, a sandbox column shows its mode and what it may write.",
+    " run is in a sandbox, a sandbox column shows its mode and what it may write; where one"
+    " runs in a container, a 'runs in' column shows the executor and the container.",
     build=build_agents,
     run=run_agents,
 )

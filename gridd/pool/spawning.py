@@ -20,6 +20,7 @@ from pathlib import Path
 from gridd.adapters.base import Adapter
 from gridd.adapters.registry import get_adapter
 from gridd.agents.executor import Launch
+from gridd.agents.remote import placement
 from gridd.agents.sandbox import sandbox_for
 from gridd.agents.watch import RunWatch
 from gridd.errors import GriddError
@@ -315,6 +316,7 @@ class Spawner:
             worktree=str(worktree.path),
             error=None,
         )
+        executor = profile.executor or self.ctx.settings.executors.default
         agent = Agent(
             id=agent_id,
             task_id=task_id,
@@ -326,6 +328,7 @@ class Spawner:
             session_number=session_number,
             claim_pending=claim is not None and not claim.done(),
             sandbox=sandbox.wire() if sandbox is not None else None,
+            executor=placement(executor, self.ctx.workspace.root, run_dir),
         )
         self.ctx.state.put_agent(agent)  # the intent: found by a restart if we die now
         await self.ctx.state.store.durable()  # (a locked database: no run before its record)
@@ -339,6 +342,7 @@ class Spawner:
                     env=env,
                     stdin=profile.stdin,
                     sandbox=sandbox,
+                    executor=executor,
                 )
             )
         except (GriddError, OSError) as exc:

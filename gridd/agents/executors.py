@@ -1,0 +1,80 @@
+"""Choosing the executor of each run: on this machine, or in a box of an engine.
+
+The pool holds one ``Executor``; this is it when runs may go to more than one place. A
+spawn goes where its profile says (``Launch.executor``: the profile's ``executor``, or
+``[executors] default``). A run of an earlier daemon goes back to where it went: a run
+directory with ``remote.json`` is a box's (``agents/remote.py``), any other is local.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gridd.agents.executor import AgentHandle, Executor, Launch
+from gridd.agents.image import default_cache_dir
+from gridd.agents.local import LocalExecutor
+from gridd.agents.podman import PodmanEngine
+from gridd.agents.remote import REMOTE, RemoteExecutor
+from gridd.model import Agent
+from gridd.settings import Settings
+from gridd.workspace import Workspace
+
+
+def build_executor(workspace: Workspace, settings: Settings) -> RoutedExecutor:
+    """The local shim executor, and the podman one (which does nothing until a run uses it:
+    no podman call, no thread)."""
+    local = LocalExecutor(
+        workspace.runs_dir,
+        spawn_timeout=settings.scheduler.spawn_timeout_seconds,
+        grid_dir=workspace.grid_dir,
+        orphan_grace=settings.scheduler.orphan_grace_seconds,
+        landlock_abi=settings.daemon.landlock_abi,
+    )
+    podman = settings.executors.podman
+    engine = PodmanEngine(podman, cache_dir=default_cache_dir())
+    remote = RemoteExecutor(
+        engine,
+        workspace=workspace.root,
+        spawn_timeout=max(settings.scheduler.spawn_timeout_seconds, 30.0),
+        look_seconds=podman.look_seconds,
+    )
+    return RoutedExecutor(local, {"podman": remote})
+
+
+class RoutedExecutor:
+    def __init__(self, local: Executor, remotes: dict[str, RemoteExecutor]) -> None:
+        self.local = local
+        self.remotes = remotes
+
+    def start(self) -> None:
+        self.local.start()
+        for remote in self.remotes.values():
+            remote.start()
+
+    def close(self) -> None:
+        for remote in self.remotes.values():
+            remote.close()
+        self.local.close()
+
+    def _of(self, run_dir: Path) -> Executor:
+        remote = self._remote(run_dir)
+        return self.local if remote is None else remote
+
+    def _remote(self, run_dir: Path) -> RemoteExecutor | None:
+        try:
+            engine = json.loads((run_dir / REMOTE).read_text())["engine"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return next((r for r in self.remotes.values() if r.engine.kind == engine), None)
+
+    async def spawn(self, launch: Launch) -> AgentHandle:
+        if launch.executor == "local":
+            return await self.local.spawn(launch)
+        return await self.remotes[launch.executor].spawn(launch)
+
+    def reattach(self, agent: Agent) -> AgentHandle:
+        return self._of(Path(agent.run_dir)).reattach(agent)
+
+    def fence(self, run_dir: Path) -> bool:
+        return self._of(run_dir).fence(run_dir)

@@ -1,0 +1,173 @@
+"""The podman executor, end to end: real containers (an image built from Debian packages with
+mmdebstrap, cached), the real in-box shim, real ``gridd`` processes and the test agents.
+
+Needs podman, runc and mmdebstrap (``make test`` installs them as root:
+contrib/podman/setup.sh); skipped, with the reason, without them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gridd.agents.image import default_cache_dir, ensure_image
+from gridd.client import GridClient
+from tests.helpers import (
+    AGENTS_DIR,
+    Restartable,
+    core_daemon,
+    git_show,
+    wait_for,
+    wait_task_status,
+    write_config,
+)
+
+MISSING = [tool for tool in ("podman", "runc", "mmdebstrap") if shutil.which(tool) is None]
+pytestmark = [pytest.mark.xdist_group("podman")]
+pytestmark.append(
+    pytest.mark.skipif(
+        bool(MISSING) or os.geteuid() != 0,
+        reason=f"needs root and podman, runc, mmdebstrap (missing: {', '.join(MISSING) or 'root'});"
+        " as root: apt-get install -y podman runc mmdebstrap",
+    )
+)
+
+
+def start(c: GridClient, task: dict[str, object]) -> None:
+    c.post("/tasks", task)
+    c.post("/session/start", {"featureBranch": "feature/boxed"})
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    """The Debian box image: built once per machine (minutes), then found by its hash."""
+    return ensure_image(
+        ["podman"],
+        suite="bookworm",
+        packages=["git", "python3"],
+        cache_dir=default_cache_dir(),
+    )
+
+
+def podman_config(
+    root: Path, image: str, profiles: dict[str, list[str]], mounts: list[str]
+) -> None:
+    lines = [
+        "[scheduler]",
+        f'default_agent = "{next(iter(profiles))}"',
+        "tick_seconds = 0.2",
+        "[executors]",
+        'default = "podman"',
+        "[executors.podman]",
+        f'image = "{image}"',
+        f"mounts = {json.dumps([f'{AGENTS_DIR}:{AGENTS_DIR}:ro', *mounts])}",
+        "look_seconds = 0.1",
+    ]
+    for name, argv in profiles.items():
+        lines += [f"[agents.{name}]", f"command = {json.dumps(argv)}"]
+    write_config(root, "\n".join(lines) + "\n")
+
+
+def containers(task: str) -> list[dict[str, object]]:
+    out = subprocess.run(
+        ["podman", "ps", "--all", f"--filter=label=grid.task={task}", "--format=json"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    return list(json.loads(out or b"[]"))
+
+
+@pytest.fixture
+def cleanup() -> Iterator[list[str]]:
+    tasks: list[str] = []
+    yield tasks
+    for task in tasks:
+        for row in containers(task):
+            names = row.get("Names") or []
+            subprocess.run(["podman", "rm", "-f", "-t", "0", *names], capture_output=True)  # type: ignore[list-item]
+
+
+def test_a_podman_run_takes_answers_and_its_branch_is_merged_back(
+    repo: Path, image: str, cleanup: list[str]
+) -> None:
+    cleanup.append("boxed")
+    podman_config(repo, image, {"reader": ["python3", str(AGENTS_DIR / "read_line.py")]}, [])
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        start(c, {"id": "boxed", "title": "read a line in a container"})
+        agent = wait_for(
+            lambda: next(
+                (a for a in c.get("/agents") if a["lastOutput"] == "ready for a line"), None
+            ),
+            timeout=60,
+            message="the containerised agent's first line",
+        )
+        [box] = containers("boxed")  # one container, labelled with the task and workspace
+        labels = box["Labels"]
+        assert isinstance(labels, dict) and labels["grid.run"] == agent["id"]
+        shown = c.get(f"/agents/{agent['id']}")
+        assert shown["executor"] == {"kind": "podman", "box": box["Names"][0]}  # type: ignore[index]
+        c.post(f"/agents/{agent['id']}/respond", {"response": "from the host"})
+        wait_task_status(c, "boxed", "review", timeout=60)
+        assert git_show(repo, "grid/boxed:answer.txt") == "from the host\n"
+        c.post("/tasks/boxed/approve")
+        wait_task_status(c, "boxed", "done", timeout=60)
+        assert git_show(repo, "feature/boxed:answer.txt") == "from the host\n"  # merged
+        run_dir = Path(agent["runDir"])
+        assert (run_dir / "output.log").read_text() == "ready for a line\ngot a line\n"
+        wait_for(lambda: containers("boxed") == [], timeout=30, message="the container removed")
+
+
+def test_a_killed_daemon_reattaches_to_its_container_by_label_with_contiguous_output(
+    repo: Path, image: str, cleanup: list[str], tmp_path: Path
+) -> None:
+    cleanup.append("burst")
+    control = tmp_path / "control"
+    control.mkdir()
+    argv = ["python3", str(AGENTS_DIR / "lines.py"), str(control), "300"]
+    podman_config(repo, image, {"lines": argv}, [f"{control}:{control}"])
+    daemon = Restartable(repo)
+    try:
+        daemon.start()
+        c = daemon.client()
+        start(c, {"id": "burst", "title": "many lines"})
+        agent = wait_for(
+            lambda: next((a for a in c.get("/agents") if a["lastOutput"] == "burst ready"), None),
+            timeout=60,
+            message="the agent ready",
+        )
+        daemon.kill9()
+        # The container goes on without a daemon: everything below is written meanwhile.
+        (control / "go").touch()
+        wait_for(lambda: (control / "burst.done").exists(), timeout=30, message="the burst")
+        (control / "end").touch()
+        daemon.start()
+        wait_task_status(c, "burst", "review", timeout=60)
+        [again] = c.get("/agents", params={"all": "1"})
+        assert again["id"] == agent["id"]  # reattached: the same run, never a second
+        lines = (Path(agent["runDir"]) / "output.log").read_text().splitlines()
+        assert lines == ["burst ready"] + [f"burst line {n}" for n in range(1, 301)]
+    finally:
+        daemon.close()
+
+
+def test_a_cancelled_podman_run_stops_and_its_container_goes(
+    repo: Path, image: str, cleanup: list[str], tmp_path: Path
+) -> None:
+    cleanup.append("stuck")
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    argv = ["python3", str(AGENTS_DIR / "hang.py"), str(pids)]
+    podman_config(repo, image, {"hang": argv}, [f"{pids}:{pids}"])
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        start(c, {"id": "stuck", "title": "never ends"})
+        wait_for(lambda: (pids / "stuck.pids").exists(), timeout=60, message="the hang agent")
+        c.request("DELETE", "/tasks/stuck")
+        wait_for(lambda: not c.get("/agents"), timeout=60, message="the agent stopped")
+        wait_for(lambda: containers("stuck") == [], timeout=30, message="the container removed")

@@ -21,6 +21,7 @@ claude-cli:
 # The other pinned agent CLIs for their real-CLI tests (docs/agents.md).
 agent-clis: claude-cli
 	tests/tools/install-codex.sh
+	tests/tools/install-gemini.sh
 
 test: $(STAMP) agent-clis
 	sh contrib/vscode/scripts/setup.sh

@@ -264,6 +264,10 @@ CLAUDE_PERMISSION_ARGS = ("--permission-prompt-tool", "stdio")
 #: codex's own sandbox (``exec`` is read-only otherwise); the prompt follows as the last
 #: argument (``resume <id>`` goes before it).
 CODEX_EXEC_ARGS = ("exec", "--json", "-s", "workspace-write", "--skip-git-repo-check")
+#: How gridd runs the Gemini CLI headless: stream-json events on stdout, every tool allowed
+#: (headless gemini cannot ask; yolo is what lets it write and run commands), the worktree
+#: trusted for the session; ``-p {prompt}`` follows.
+GEMINI_STREAM_ARGS = ("--output-format", "stream-json", "--approval-mode", "yolo", "--skip-trust")
 
 
 def builtin_profiles() -> dict[str, AgentProfile]:
@@ -288,6 +292,12 @@ def builtin_profiles() -> dict[str, AgentProfile]:
         "codex": AgentProfile(
             command=["codex", *CODEX_EXEC_ARGS, "{prompt}"],
             adapter="codex",
+            stdin="null",
+            cost_per_session=2.0,
+        ),
+        "gemini": AgentProfile(
+            command=["gemini", *GEMINI_STREAM_ARGS, "-p", "{prompt}"],
+            adapter="gemini",
             stdin="null",
             cost_per_session=2.0,
         ),

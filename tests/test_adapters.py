@@ -623,7 +623,7 @@ def test_patterns_adapter_reads_heartbeats_too() -> None:
 
 
 def test_registry_builds_a_fresh_adapter_per_name() -> None:
-    assert set(ADAPTER_NAMES) == {"heartbeat", "plain", "claude", "codex", "patterns"}
+    assert set(ADAPTER_NAMES) == {"heartbeat", "plain", "claude", "codex", "gemini", "patterns"}
     assert isinstance(get_adapter("plain"), HeartbeatAdapter)
     assert get_adapter("heartbeat") is not get_adapter("heartbeat")
     assert isinstance(get_adapter("claude"), ClaudeAdapter)

@@ -8,6 +8,7 @@
                        the CLI; {"stall_nudge"?: bool (true)}: a stall first sends "continue"
     codex              CodexAdapter: {"model"?: str}, passed as ``-m`` unless the command
                        names a model (the price table needs it: codex reports only tokens)
+    gemini             GeminiAdapter (no options)
     patterns           PatternsAdapter: {"pack": str, "auto_answer"?: {pattern id: response},
                        "send_prompt"?: bool}
 
@@ -89,6 +90,13 @@ def _codex(options: dict[str, Any]) -> Adapter:
     return CodexAdapter(model=model)
 
 
+def _gemini(options: dict[str, Any]) -> Adapter:
+    from gridd.adapters.gemini import GeminiAdapter
+
+    _only(options, set(), "gemini")
+    return GeminiAdapter()
+
+
 def _tool_list(options: dict[str, Any], key: str) -> list[str]:
     value = options.get(key, [])
     if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
@@ -124,6 +132,7 @@ FACTORIES: dict[str, Callable[[dict[str, Any]], Adapter]] = {
     "plain": _plain,
     "claude": _claude,
     "codex": _codex,
+    "gemini": _gemini,
     "patterns": _patterns,
 }
 ADAPTER_NAMES = tuple(FACTORIES)

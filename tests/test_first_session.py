@@ -99,6 +99,7 @@ def test_the_configs_commented_claude_lines_are_valid_when_uncommented(tmp_path:
     claude = settings.profiles()["claude"]
     assert claude.adapter == "claude"
     assert claude.adapter_options["permission_mode"] == "acceptEdits"
+    assert claude.sandbox.mode == "workspace"
 
 
 def load_settings_text(tmp_path: Path, text: str) -> Any:

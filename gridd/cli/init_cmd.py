@@ -45,6 +45,13 @@ max_agents = 3
 # adapter_options = { permission_prompt_tool = "stdio", permission_mode = "acceptEdits", allowed_tools = ["Bash(git diff:*)"] }
 # cost_per_session = 2.0
 # timeout_seconds = 3600
+# Its sandbox, enforced by the kernel (Linux Landlock; 'gridctl doctor' says whether this
+# machine has it): Claude writes only its worktree, a private TMPDIR and its own state
+# (~/.claude/, ~/.claude.json), and cannot read ~/.ssh, ~/.aws, ~/.gnupg, ~/.config/gh
+# nor .grid/. It cannot commit (gridd commits its work when it ends) and still reaches the
+# network.
+# [agents.claude.sandbox]
+# mode = "workspace"
 """
 
 PLAN = """\

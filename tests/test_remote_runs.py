@@ -169,8 +169,7 @@ def test_gridctl_agents_shows_where_each_run_executes() -> None:
     here = Agent(id="reader-2", task_id="b", profile="reader", worktree_path="/w")
     console = Console(width=250, record=True, highlight=False)
     console.print(agents_table([boxed, here]))
-    rows = {
-        line.split()[1]: line for line in console.export_text().splitlines() if "reader-" in line
-    }
+    text = console.export_text()
+    rows = {w: line for line in text.splitlines() for w in line.split() if w.startswith("reader-")}
     assert "podman grid-1a2b3c4d-reader-1" in rows["reader-1"]
     assert "local" in rows["reader-2"]

@@ -33,6 +33,9 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check gridd tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	@if command -v npm >/dev/null; then \
+	  sh contrib/vscode/scripts/setup.sh lint && cd contrib/vscode && npm run -s lint; \
+	else echo "lint: the VS Code extension is not linted: it needs node and npm"; fi
 
 format: $(STAMP)
 	$(BIN)/ruff format gridd tests bench

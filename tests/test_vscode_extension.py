@@ -8,6 +8,7 @@ runs it again (a no-op then) so ``pytest`` alone works too.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -73,8 +74,30 @@ def test_client_unit_tests_pass_under_node_test_runner(extension: Path) -> None:
     assert "# fail 0" in result.stdout
 
 
+@pytest.mark.parametrize("folder", [".", "e2e"])
+def test_committed_lock_pins_exactly_the_declared_dev_dependencies_from_npm(folder: str) -> None:
+    """``npm ci`` (setup.sh, a fresh clone) installs from the committed lock: it must exist,
+    declare the same devDependencies as package.json, and fetch only from the npm registry."""
+    base = EXT / folder
+    declared = json.loads((base / "package.json").read_text())["devDependencies"]
+    lock = json.loads((base / "package-lock.json").read_text())
+    assert lock["packages"][""]["devDependencies"] == declared
+    for name in declared:
+        assert lock["packages"][f"node_modules/{name}"]["version"] == declared[name]
+    installed = {k: p for k, p in lock["packages"].items() if k and not p.get("link")}
+    # Every tarball checked by its hash; any recorded address is the npm registry's (npm
+    # omits registry addresses under omit-lockfile-registry-resolved: then it is the default).
+    assert all(p.get("integrity", "").startswith("sha512-") for p in installed.values())
+    assert all(
+        p["resolved"].startswith("https://registry.npmjs.org/")
+        for p in installed.values()
+        if "resolved" in p
+    )
+
+
 @pytest.mark.timeout(300)
 def test_extension_is_strict_typescript_without_type_errors(extension: Path) -> None:
+    """``npm run lint``: tsc --noEmit and ESLint with typescript-eslint's strict rules."""
     result = _run(["npm", "run", "-s", "lint"], cwd=extension, timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
 

@@ -4,9 +4,10 @@
 # dev dependencies, and the pinned e2e dependencies (code-server 4.100.3, playwright-core).
 # Facts behind each step: ../shared/EDITOR-TESTING.md.
 #
-# The npm trees are installed once per machine into a cache keyed by the pinned versions
-# ($GRIDD_VSCODE_CACHE, default ~/.cache/gridd-vscode) and linked as node_modules, so several
-# checkouts (worktrees) share one 300 MB install instead of compiling it each.
+# The npm trees are installed once per machine (`npm ci` from the committed package-lock.json)
+# into a cache keyed by package.json and its lock ($GRIDD_VSCODE_CACHE, default
+# ~/.cache/gridd-vscode) and linked as node_modules, so several checkouts (worktrees) share one
+# 300 MB install instead of compiling it each.
 set -eu
 here=$(cd "$(dirname "$0")/.." && pwd)
 cache="${GRIDD_VSCODE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gridd-vscode}"
@@ -24,9 +25,12 @@ fi
 
 # The UI tests need Debian's chromium, and code-server's kerberos module needs libkrb5-dev.
 # Without them and without root, only those tests are skipped (they say so); the rest runs.
+# `setup.sh lint` (make lint) wants only the extension's own dev dependencies: no apt, no code-server.
 chromium="${GRIDD_CHROMIUM:-/usr/bin/chromium}"
 ui=1
-if [ ! -x "$chromium" ] || ! dpkg -s libkrb5-dev >/dev/null 2>&1; then
+if [ "${1:-}" = lint ]; then
+  ui=0
+elif [ ! -x "$chromium" ] || ! dpkg -s libkrb5-dev >/dev/null 2>&1; then
   if [ "$(id -u)" != 0 ]; then
     echo "setup: the editor's UI tests will be skipped: they need Debian's chromium and libkrb5-dev (as root: apt-get install chromium libkrb5-dev)" >&2
     ui=0
@@ -38,15 +42,21 @@ fi
 # link DIR BIN...: make DIR/node_modules the cached install of DIR/package.json's devDependencies.
 link() {
   dir=$1; shift
-  ok=1
-  for bin in "$@"; do [ -e "$dir/node_modules/.bin/$bin" ] || ok=0; done
-  [ $ok = 1 ] && return 0
-  key=$(node -e 'const p=require(process.argv[1]);process.stdout.write(JSON.stringify([p.devDependencies,p.allowScripts||{}]))' "$dir/package.json" | sha256sum | cut -c1-16)
+  # The key covers the lock: a changed lock is a new install, never a stale tree linked in.
+  key=$( (node -e 'const p=require(process.argv[1]);process.stdout.write(JSON.stringify([p.devDependencies,p.allowScripts||{}]))' "$dir/package.json"
+          if [ -f "$dir/package-lock.json" ]; then cat "$dir/package-lock.json"; fi) | sha256sum | cut -c1-16)
   target="$cache/$(basename "$dir")-$key"
+  # Already there: the link to this key's tree, or a node_modules of the user's own making.
+  if [ ! -L "$dir/node_modules" ] || [ "$(readlink "$dir/node_modules")" = "$target/node_modules" ]; then
+    ok=1
+    for bin in "$@"; do [ -e "$dir/node_modules/.bin/$bin" ] || ok=0; done
+    [ $ok = 1 ] && return 0
+  fi
   ok=1
   for bin in "$@"; do [ -e "$target/node_modules/.bin/$bin" ] || ok=0; done
   if [ $ok = 0 ]; then
     rm -rf "$target" && mkdir -p "$target" && cp "$dir/package.json" "$target/"
+    if [ -f "$dir/package-lock.json" ]; then cp "$dir/package-lock.json" "$target/"; fi
     install_into "$target"
   fi
   rm -rf "$dir/node_modules"
@@ -67,8 +77,11 @@ install_into() {
   fi
   # yes: node-pty runs `npx node-gyp` (a ~/.npmrc with yes=false cancels it);
   # unsafe_perm: code-server's postinstall refuses to run as root without it.
-  (cd "$1" && npm_config_yes=true npm_config_unsafe_perm=true npm install --no-audit --no-fund --loglevel=error)
+  # ci: exactly the committed lock (install only when there is none).
+  how=install
+  if [ -f "$1/package-lock.json" ]; then how=ci; fi
+  (cd "$1" && npm_config_yes=true npm_config_unsafe_perm=true npm "$how" --no-audit --no-fund --loglevel=error)
 }
 
-link "$here" tsc esbuild vsce
+link "$here" tsc esbuild vsce eslint
 if [ $ui = 1 ]; then link "$here/e2e" code-server; fi

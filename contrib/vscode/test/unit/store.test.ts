@@ -72,7 +72,7 @@ test("output: live chunks in order are written once; a gap is filled from output
       .map(([k, v]) => ({ seq: Number(k), chunk: v }))
       .filter((c) => c.seq > since)
       .slice(0, 2);
-    return { seq: 5, chunks, more: chunks.length > 0 && chunks[chunks.length - 1]!.seq < 5 };
+    return { seq: 5, chunks, more: chunks.length > 0 && (chunks.at(-1)?.seq ?? 5) < 5 };
   };
   let out = "";
   const f = new OutputFollower(fetchPage, (t) => (out += t));

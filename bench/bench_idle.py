@@ -6,12 +6,13 @@ Four servers run side by side over the same window (idle processes do not compet
   for information;
 - the bare Starlette app of ``bench/bare_app.py`` (the baseline);
 - the stack floor of ``bench/stack_app.py``: the libraries gridd runs on, loaded as gridd
-  loads them (uvicorn without its command line, pydantic with a model, SQLite in WAL mode),
+  loads them (uvicorn, pydantic with a model, SQLite in WAL mode),
   and none of gridd's code. gridd's RSS above it is what gridd itself holds.
 
 After startup settles (2 s), RSS is read with psutil, then CPU is the ``cpu_times`` (user +
 system) delta over a 30 s window (5 s with ``--quick``) divided by the wall time.
-Targets: RSS <= 40 MB (issue 14; it was 60 MB before), CPU <= 0.5 %. Ratio: gridd RSS /
+Targets: RSS <= 48 MB (issue 23: 40 MB in issue 14, before the import hacks that met it
+went; 60 MB before that), CPU <= 0.5 %. Ratio: gridd RSS /
 bare app RSS; also reported, gridd's RSS above the stack floor.
 """
 
@@ -29,7 +30,7 @@ import psutil
 from bench.common import Check, result, running_app, running_bare_app, running_gridd, temp_repo
 
 NAME = "idle"
-RSS_TARGET_MB = 40.0
+RSS_TARGET_MB = 48.0
 CPU_TARGET_PCT = 0.5
 SETTLE_S = 2.0
 MB = 1024 * 1024

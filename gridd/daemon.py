@@ -27,11 +27,13 @@ import time
 from collections.abc import Callable, Generator
 from pathlib import Path
 
+from uvicorn.config import Config
+from uvicorn.server import Server
+
 from gridd import diskfault, lean, lockholder, trust
 from gridd.adapters.registry import get_adapter
 from gridd.api import create_app
 from gridd.api.protocol import ConnectionGate, gridd_protocol
-from gridd.api.uvicorn_core import Config, Server
 from gridd.errors import AlreadyRunning, ConfigError, GriddError, WorkspaceError
 from gridd.grid import Grid
 from gridd.settings import Settings, load_settings
@@ -323,7 +325,7 @@ async def serve(ws: Workspace, settings: Settings, store: Store, sock: socket.so
 
     def started() -> None:
         _write_pid_file(ws.pid_path)
-        lean.gc_after_start()
+        lean.freeze_after_start()
         log.info(
             "gridd %s ready on %s (pid %d)", grid.version().version, ws.socket_path, os.getpid()
         )

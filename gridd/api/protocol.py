@@ -18,9 +18,11 @@ import asyncio
 import logging
 from typing import Any
 
+from uvicorn.config import HTTP_PROTOCOLS
+from uvicorn.importer import import_from_string
+
 from gridd.api.errors import raw_error_response
 from gridd.api.peercred import forbidden_response, peer_uid
-from gridd.api.uvicorn_core import HTTP_PROTOCOLS, import_from_string
 
 log = logging.getLogger(__name__)
 

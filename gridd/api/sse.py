@@ -22,7 +22,6 @@ from starlette.requests import Request
 from starlette.types import Message, Receive, Scope, Send
 
 from gridd.api.errors import query_int
-from gridd.api.uvicorn_core import without_uvicorn_cli
 from gridd.errors import BadRequest
 from gridd.event_types import RESET, SNAPSHOT, refuse_unknown
 from gridd.events import BATCH_BYTES, Subscriber
@@ -230,9 +229,8 @@ class _Library:
     nobody watches never loads them."""
 
     def __init__(self) -> None:
-        with without_uvicorn_cli():
-            from sse_starlette import EventSourceResponse, ServerSentEvent
-            from sse_starlette.sse import SendTimeoutError
+        from sse_starlette import EventSourceResponse, ServerSentEvent
+        from sse_starlette.sse import SendTimeoutError
 
         class _EventSourceResponse(EventSourceResponse):
             """sse-starlette's response; a client too slow to take one send is dropped

@@ -51,11 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         return check_state(args.workspace)
     if args.check_config:
         return check_config(args.workspace)
-    from gridd.lean import defer_openssl, pause_gc_until_serving, without_pydantic_plugins
+    from gridd.lean import without_pydantic_plugins
 
-    defer_openssl()  # before asyncio is imported
     without_pydantic_plugins()  # before the daemon's first pydantic model
-    pause_gc_until_serving()
     from gridd.daemon import run
 
     return run(args.workspace)

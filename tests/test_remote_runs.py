@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from gridd.agents.boxes import DirectoryBoxes
@@ -37,6 +40,15 @@ def start_tasks(grid: Grid, *tasks: dict[str, str]) -> None:
     grid.commands.start_session(SessionStart.model_validate({"maxAgents": 2}))
 
 
+@pytest.fixture
+def boxes(tmp_path: Path) -> Iterator[DirectoryBoxes]:
+    """The test's boxes; any left (boxes outlive a daemon, as containers do) go at the end."""
+    engine = DirectoryBoxes(tmp_path / "boxes")
+    yield engine
+    for box in engine.find({}):
+        engine.remove(box.name)
+
+
 def config(**agents: list[str]) -> dict[str, object]:
     return {
         "scheduler": {"default_agent": next(iter(agents)), "tick_seconds": 0.25},
@@ -45,9 +57,8 @@ def config(**agents: list[str]) -> dict[str, object]:
 
 
 async def test_a_boxed_run_takes_answers_through_its_inbox_and_its_branch_comes_back(
-    repo: Path, tmp_path: Path
+    repo: Path, tmp_path: Path, boxes: DirectoryBoxes
 ) -> None:
-    boxes = DirectoryBoxes(tmp_path / "boxes")
     executor = RemoteExecutor(boxes, workspace=repo)
     try:
         async with inprocess_daemon(
@@ -76,11 +87,10 @@ async def test_a_boxed_run_takes_answers_through_its_inbox_and_its_branch_comes_
 
 
 async def test_a_restarted_daemon_reattaches_to_the_box_and_its_output_stays_contiguous(
-    repo: Path, tmp_path: Path
+    repo: Path, tmp_path: Path, boxes: DirectoryBoxes
 ) -> None:
     control = tmp_path / "control"
     control.mkdir()
-    boxes = DirectoryBoxes(tmp_path / "boxes")
     cfg = config(lines=agent_command("lines.py", str(control), "400"))
     try:
         async with inprocess_daemon(
@@ -114,9 +124,8 @@ async def test_a_restarted_daemon_reattaches_to_the_box_and_its_output_stays_con
 
 
 async def test_a_cancelled_boxed_run_is_stopped_in_its_box_and_the_box_goes(
-    repo: Path, tmp_path: Path
+    repo: Path, tmp_path: Path, boxes: DirectoryBoxes
 ) -> None:
-    boxes = DirectoryBoxes(tmp_path / "boxes")
     cfg = config(hang=agent_command("hang.py", str(tmp_path)))
     try:
         async with inprocess_daemon(
@@ -135,8 +144,7 @@ async def test_a_cancelled_boxed_run_is_stopped_in_its_box_and_the_box_goes(
         kill_workspace_agents(repo)
 
 
-def test_the_in_box_inbox_keeps_each_numbered_message_once(tmp_path: Path) -> None:
-    boxes = DirectoryBoxes(tmp_path / "boxes")
+def test_the_in_box_inbox_keeps_each_numbered_message_once(boxes: DirectoryBoxes) -> None:
     boxes.base.mkdir()
     (boxes.base / "b").mkdir()
     shim = [str(Path(__import__("gridd").__file__).parent / "agents" / "boxshim.py")]
@@ -173,3 +181,38 @@ def test_gridctl_agents_shows_where_each_run_executes() -> None:
     rows = {w: line for line in text.splitlines() for w in line.split() if w.startswith("reader-")}
     assert "podman grid-1a2b3c4d-reader-1" in rows["reader-1"]
     assert "local" in rows["reader-2"]
+
+
+async def test_a_box_lost_mid_run_fails_the_run_honestly_and_the_task_is_retried(
+    repo: Path, tmp_path: Path, boxes: DirectoryBoxes
+) -> None:
+    cfg = config(hang=agent_command("hang.py", str(tmp_path)))
+    try:
+        async with inprocess_daemon(
+            repo, cfg, executor=RemoteExecutor(boxes, workspace=repo)
+        ) as daemon:
+            grid: Grid = daemon.grid
+            start_tasks(grid, {"id": "stuck", "title": "loses its box"})
+            await until(lambda: (tmp_path / "stuck.pids").exists(), what="the hang agent")
+            [first] = grid.state.agents.values()
+            box = json.loads((Path(first.run_dir) / "remote.json").read_text())["box"]
+            (tmp_path / "stuck.pids").unlink()
+            # The box's main process dies (an OOM, a lost node) and the agent with it.
+            shim, _ = (tmp_path / "boxes" / box / "shim.pid").read_text().split()
+            os.kill(int(shim), signal.SIGKILL)
+            os.killpg(
+                json.loads((tmp_path / "boxes" / box / "run" / "agent.json").read_text())["pid"],
+                signal.SIGKILL,
+            )
+            await until(
+                lambda: grid.state.agents[first.id].ended_at is not None, what="the run ended"
+            )
+            lost = grid.state.agents[first.id]
+            assert lost.exit_code != 0 and lost.error and "supervisor" in lost.error
+            assert not (Path(first.run_dir) / "exit.json").exists()  # nothing claims success
+            # The usual rules retry it: a second run, in a box of its own.
+            await until(lambda: (tmp_path / "stuck.pids").exists(), what="the retry running")
+            assert len(grid.state.agents) == 2
+            await until(lambda: not (tmp_path / "boxes" / box).exists(), what="the lost box gone")
+    finally:
+        kill_workspace_agents(repo)

@@ -120,6 +120,8 @@ class DirectoryBoxes:
         box = self._dir(name)
         if not box.is_dir():
             raise BoxGone(f"box {name} is gone", details={"box": name})
+        if not self._running(box):  # as a container whose main process died: no exec
+            raise BoxGone(f"box {name} has stopped", details={"box": name})
         argv = [sys.executable, "-I", "-S", str(box / "boxshim.py"), args[0], str(box), *args[1:]]
         done = subprocess.run(argv, input=stdin, capture_output=True, check=False)
         if done.returncode != 0:
@@ -140,9 +142,9 @@ class DirectoryBoxes:
 
     def _running(self, box: Path) -> bool:
         try:
-            pid = int((box / "shim.pid").read_text())
+            pid = int((box / "shim.pid").read_text().split()[0])
             os.kill(pid, 0)
-        except (OSError, ValueError):
+        except (OSError, ValueError, IndexError):
             return False
         return True
 
@@ -170,8 +172,8 @@ class DirectoryBoxes:
         except (OSError, ValueError, KeyError, TypeError):
             pass
         try:
-            pid = int((box / "shim.pid").read_text())
-            os.killpg(pid, signal.SIGKILL)
-        except (OSError, ValueError):
+            group = int((box / "shim.pid").read_text().split()[1])
+            os.killpg(group, signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
             pass
         shutil.rmtree(box, ignore_errors=True)

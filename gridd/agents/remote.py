@@ -198,11 +198,19 @@ class RemoteExecutor:
         except Exception:
             log.exception("mirror of %s failed", mirror.run_dir)
             return
-        if mirror.done:
+        if not (mirror.done or mirror.lost):
+            return
+        if mirror.lost:
+            # Stopped or gone without an exit record (an OOM of its main process, a lost
+            # node): the watcher reports the run lost; what is left of the box goes.
+            log.warning("box %s of %s is lost: %s", mirror.box, mirror.run_dir.name, mirror.lost)
+        try:
             self.engine.remove(mirror.box)
-        if mirror.done or mirror.lost:
-            with self._lock:
-                self.mirrors.pop(mirror.run_dir, None)
+        except BoxError as exc:  # kept for the next look: the thread must live on
+            log.warning("could not remove box %s: %s", mirror.box, exc)
+            return
+        with self._lock:
+            self.mirrors.pop(mirror.run_dir, None)
 
     # -- the seam ------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ claude-cli:
 agent-clis: claude-cli
 	tests/tools/install-codex.sh
 	tests/tools/install-gemini.sh
+	tests/tools/install-opencode.sh
 
 test: $(STAMP) agent-clis
 	sh contrib/vscode/scripts/setup.sh

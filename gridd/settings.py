@@ -267,6 +267,9 @@ CODEX_EXEC_ARGS = ("exec", "--json", "-s", "workspace-write", "--skip-git-repo-c
 #: How gridd runs the Gemini CLI headless: stream-json events on stdout, every tool allowed
 #: (headless gemini cannot ask; yolo is what lets it write and run commands), the worktree
 #: trusted for the session; ``-p {prompt}`` follows.
+#: How gridd runs opencode headless: JSON events on stdout; ``--dir`` because opencode takes
+#: its directory from ``$PWD`` (a daemon's), not from its working directory.
+OPENCODE_RUN_ARGS = ("run", "--format", "json", "--dir", "{worktree}")
 GEMINI_STREAM_ARGS = ("--output-format", "stream-json", "--approval-mode", "yolo", "--skip-trust")
 
 
@@ -298,6 +301,12 @@ def builtin_profiles() -> dict[str, AgentProfile]:
         "gemini": AgentProfile(
             command=["gemini", *GEMINI_STREAM_ARGS, "-p", "{prompt}"],
             adapter="gemini",
+            stdin="null",
+            cost_per_session=2.0,
+        ),
+        "opencode": AgentProfile(
+            command=["opencode", *OPENCODE_RUN_ARGS, "{prompt}"],
+            adapter="opencode",
             stdin="null",
             cost_per_session=2.0,
         ),

@@ -623,7 +623,15 @@ def test_patterns_adapter_reads_heartbeats_too() -> None:
 
 
 def test_registry_builds_a_fresh_adapter_per_name() -> None:
-    assert set(ADAPTER_NAMES) == {"heartbeat", "plain", "claude", "codex", "gemini", "patterns"}
+    assert set(ADAPTER_NAMES) == {
+        "heartbeat",
+        "plain",
+        "claude",
+        "codex",
+        "gemini",
+        "opencode",
+        "patterns",
+    }
     assert isinstance(get_adapter("plain"), HeartbeatAdapter)
     assert get_adapter("heartbeat") is not get_adapter("heartbeat")
     assert isinstance(get_adapter("claude"), ClaudeAdapter)

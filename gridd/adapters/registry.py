@@ -9,6 +9,7 @@
     codex              CodexAdapter: {"model"?: str}, passed as ``-m`` unless the command
                        names a model (the price table needs it: codex reports only tokens)
     gemini             GeminiAdapter (no options)
+    opencode           OpencodeAdapter (no options)
     patterns           PatternsAdapter: {"pack": str, "auto_answer"?: {pattern id: response},
                        "send_prompt"?: bool}
 
@@ -97,6 +98,13 @@ def _gemini(options: dict[str, Any]) -> Adapter:
     return GeminiAdapter()
 
 
+def _opencode(options: dict[str, Any]) -> Adapter:
+    from gridd.adapters.opencode import OpencodeAdapter
+
+    _only(options, set(), "opencode")
+    return OpencodeAdapter()
+
+
 def _tool_list(options: dict[str, Any], key: str) -> list[str]:
     value = options.get(key, [])
     if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
@@ -133,6 +141,7 @@ FACTORIES: dict[str, Callable[[dict[str, Any]], Adapter]] = {
     "claude": _claude,
     "codex": _codex,
     "gemini": _gemini,
+    "opencode": _opencode,
     "patterns": _patterns,
 }
 ADAPTER_NAMES = tuple(FACTORIES)

@@ -1,0 +1,141 @@
+"""The real opencode CLI (pinned, installed by tests/tools/install-opencode.sh) run by the
+real daemon against a loopback Anthropic Messages API stand-in (tests/anthropic_standin.py,
+opencode's bundled ``anthropic`` provider with its ``baseURL`` in the config): a task's file
+write reaches review with opencode's own cost, a command's output reaches the model, and an
+error fails the task with its message.
+
+opencode takes its directory from ``$PWD``: the profile passes ``--dir {worktree}``, and
+these tests check that the write lands in the task's worktree, not in the repository.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gridd.client import GridClient
+from gridd.settings import OPENCODE_RUN_ARGS
+from tests.anthropic_standin import StandIn, error, standin, tool
+from tests.helpers import core_daemon, event_log, git_show, wait_task_status, write_core_config
+from tests.real_cli import ROOT, agent_of, spec_argv
+
+OPENCODE = ROOT / ".cache/opencode/node_modules/opencode-linux-x64/bin/opencode"
+
+pytestmark = [
+    pytest.mark.skipif(
+        not OPENCODE.exists(), reason="run tests/tools/install-opencode.sh (make test does)"
+    ),
+    pytest.mark.timeout(180),
+]
+
+
+@pytest.fixture
+def api() -> Iterator[StandIn]:
+    with standin() as server:
+        yield server
+
+
+def setup(repo: Path, tmp_path: Path, api: StandIn) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    config = {
+        "model": "anthropic/claude-sonnet-4-5",
+        "provider": {
+            "anthropic": {"options": {"baseURL": f"{api.url}/v1", "apiKey": "sk-ant-standin"}}
+        },
+        "permission": {"edit": "allow", "bash": "allow"},
+        "autoupdate": False,
+        "share": "disabled",
+    }
+    profile = {
+        "adapter": "opencode",
+        "stdin": "null",
+        "command": [str(OPENCODE), *OPENCODE_RUN_ARGS, "{prompt}"],
+        "env": {
+            "HOME": str(home),
+            "XDG_CONFIG_HOME": str(home / ".config"),
+            "XDG_DATA_HOME": str(home / ".local/share"),
+            "XDG_CACHE_HOME": str(home / ".cache"),
+            "XDG_STATE_HOME": str(home / ".local/state"),
+            "OPENCODE_CONFIG_CONTENT": json.dumps(config),
+            "OPENCODE_DISABLE_MODELS_FETCH": "1",
+            "OPENCODE_DISABLE_AUTOUPDATE": "1",
+            "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+        },
+        "launch_grace_seconds": 90,
+    }
+    write_core_config(repo, agents={"opencode": profile}, scheduler={"default_agent": "opencode"})
+
+
+def start(c: GridClient, task_id: str, **task: object) -> None:
+    c.post("/tasks", {"id": task_id, "title": task_id, "prompt": "do the task", **task})
+    c.post("/session/start", {"featureBranch": "feature/opencode"})
+
+
+def test_a_file_written_by_opencode_lands_in_its_worktree_and_reaches_review_with_its_cost(
+    repo: Path, tmp_path: Path, api: StandIn
+) -> None:
+    setup(repo, tmp_path, api)
+    worktree = repo / ".grid" / "worktrees" / "write"
+    api.push(tool("write", {"filePath": str(worktree / "hello.txt"), "content": "hello\n"}))
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        start(c, "write")
+        task = wait_task_status(c, "write", "review", timeout=120)
+        assert task["changedFiles"] == ["hello.txt"]
+        assert git_show(repo, "grid/write:hello.txt") == "hello\n"
+        assert not (repo / "hello.txt").exists()
+        agent = agent_of(c, "write")
+        argv = spec_argv(agent)
+        assert argv[argv.index("--dir") + 1] == str(worktree)
+        assert agent["sessionId"] and str(agent["sessionId"]).startswith("ses_")
+        assert agent["result"] == "Done."
+        # Two steps of 25 in and 12 out, priced by opencode itself (its catalogue's
+        # claude-sonnet-4-5: $3 and $15 per million).
+        assert (agent["inputTokens"], agent["outputTokens"]) == (50, 24)
+        expected = 2 * (25 * 3 + 12 * 15) / 1_000_000
+        assert agent["costUsd"] == pytest.approx(expected)
+        assert c.get("/tasks/write")["costUsd"] == pytest.approx(expected)
+        [completed] = event_log(c, types={"agent.completed"})
+        assert completed.data["costUsd"] == pytest.approx(expected)
+
+
+def test_a_command_opencode_runs_gives_its_output_to_the_model(
+    repo: Path, tmp_path: Path, api: StandIn
+) -> None:
+    setup(repo, tmp_path, api)
+    api.push(
+        tool(
+            "bash",
+            {
+                "command": "echo ran-by-opencode > ran.txt && cat ran.txt",
+                "description": "write ran.txt",
+            },
+        )
+    )
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        start(c, "bash")
+        task = wait_task_status(c, "bash", "review", timeout=120)
+        [result] = api.tool_results()
+        assert "ran-by-opencode" in str(result["content"])
+        assert task["changedFiles"] == ["ran.txt"]
+        assert agent_of(c, "bash")["currentTool"] is None
+
+
+def test_an_error_fails_the_task_with_the_api_message_as_context(
+    repo: Path, tmp_path: Path, api: StandIn
+) -> None:
+    setup(repo, tmp_path, api)
+    api.push(error(400, kind="invalid_request_error", message="the stand-in refuses this request"))
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        start(c, "bad", maxAttempts=1)
+        task = wait_task_status(c, "bad", "failed", timeout=120)
+        assert "APIError: the stand-in refuses this request" in str(task["error"])
+        [failed] = event_log(c, types={"agent.failed"})
+        failure = Path(str(failed.data["failureFile"])).read_text()
+        assert "the stand-in refuses this request" in failure

@@ -1,12 +1,13 @@
 """The executor seam: how the pool starts an agent's process, signals it, and finds it again.
 
 The pool (``gridd/pool/``) and the scheduler above it never start a process themselves:
-they hand a ``Launch`` to an ``Executor`` and get back an ``AgentHandle``. The only executor
-today is the local shim executor (``agents/local.py`` over ``agents/process.py`` and
-``agents/shim.py``: a detached supervisor per agent, outliving the daemon). An executor on
-another engine (a container runtime, a distributed scheduler) implements the same two
-protocols and plugs in at the composition root (``grid.py``), with no change to the
-scheduler or the pool.
+they hand a ``Launch`` to an ``Executor`` and get back an ``AgentHandle``. Two executors
+implement it: the local shim executor (``agents/local.py`` over ``agents/process.py`` and
+``agents/shim.py``: a detached supervisor per agent, outliving the daemon) and the remote
+one (``agents/remote.py``: a box per run, e.g. a podman container, over one run protocol);
+``agents/executors.py`` sends each launch to the one its profile names. Another engine
+implements the same two protocols (or ``agents/boxes.py``'s ``Engine``) and plugs in at the
+composition root (``grid.py``), with no change to the scheduler or the pool.
 
 A handle names the agent by (pid, create time) and its supervisor likewise; the run
 directory holds what the agent writes (output, heartbeats, ``exit.json``), which is what the

@@ -24,17 +24,21 @@ import logging
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gridd.settings import SupervisorSettings
-
-if TYPE_CHECKING:
-    from gridd.background import Background
 
 log = logging.getLogger(__name__)
 
 Factory = Callable[[], Coroutine[Any, Any, Any]]
 Announce = Callable[[str, dict[str, Any]], None]
+
+
+class Spawner(Protocol):
+    """Starts a named task and awaits it at shutdown: ``gridd.background.Background``,
+    which owns the supervisor (so the supervisor does not import it back)."""
+
+    def spawn(self, name: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
 
 
 class PartState(enum.StrEnum):
@@ -78,7 +82,7 @@ class Supervisor:
     """Runs parts through the daemon's ``Background`` (so each is named and awaited at
     shutdown) and restarts them when they crash."""
 
-    def __init__(self, background: Background, settings: SupervisorSettings | None = None) -> None:
+    def __init__(self, background: Spawner, settings: SupervisorSettings | None = None) -> None:
         self._background = background
         self.settings = settings or SupervisorSettings()
         self.parts: dict[str, Part] = {}

@@ -19,6 +19,7 @@ from gridd import API_VERSION, HANDOVER_PROTOCOL, __version__
 from gridd.agents.executor import Executor
 from gridd.agents.executors import build_executor
 from gridd.background import Background
+from gridd.daemon_metrics import DaemonMetrics
 from gridd.dbguard import Problem
 from gridd.diskfault import DISK_PART, DiskFault
 from gridd.errors import GriddError
@@ -31,7 +32,6 @@ from gridd.git.prepared import PreparedWorktrees
 from gridd.git.radar import Radar
 from gridd.git.unresolved import UNRESOLVED_QUESTION, Unresolved
 from gridd.intents import Commands
-from gridd.metrics import DaemonMetrics
 from gridd.model import (
     DaemonInfo,
     Health,

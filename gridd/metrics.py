@@ -10,7 +10,9 @@ Two sources, neither of which costs the scheduler anything:
   outcome, retries, rate-limit parks, merges, conflicts). It also times ready -> started
   and an agent's exit (its result) -> its task in ``review``.
 
-prometheus-client itself is imported at the first scrape (``metrics_export``), not at
+Both read a ``MetricsSource``: the daemon's parts, not the ``Grid`` (which satisfies it).
+``DaemonMetrics`` (``daemon_metrics``) holds one daemon's counter and request stats and
+renders them; prometheus-client itself is imported at the first scrape (``metrics_export``), not at
 start-up: a daemon nobody scrapes never pays for it. Every daemon has its own
 ``CollectorRegistry`` (never the process-global one), so two
 daemons in one test process never share a series. Names follow Prometheus conventions: base
@@ -23,12 +25,41 @@ from __future__ import annotations
 import bisect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from gridd.model import Event
 
 if TYPE_CHECKING:
-    from gridd.grid import Grid
+    from gridd.background import Background
+    from gridd.events import EventBus
+    from gridd.pool import AgentPool
+    from gridd.questions import QuestionBook
+    from gridd.scheduler import Scheduler
+    from gridd.state import GridState
+    from gridd.store import Store
+
+
+class MetricsSource(Protocol):
+    """What the metrics read at scrape time: the daemon's parts. The ``Grid`` satisfies it;
+    metrics never import the Grid."""
+
+    @property
+    def bus(self) -> EventBus: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def state(self) -> GridState: ...
+    @property
+    def pool(self) -> AgentPool: ...
+    @property
+    def questions(self) -> QuestionBook: ...
+    @property
+    def scheduler(self) -> Scheduler: ...
+    @property
+    def background(self) -> Background: ...
+    @property
+    def uptime(self) -> float: ...
+
 
 #: Ready -> started is spawn latency plus queueing behind the agent limit: ms to hours.
 WAIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400)
@@ -167,7 +198,7 @@ class EventCounter:
         return on_exit  # type: ignore[return-value]
 
 
-def supervised_parts(grid: Grid) -> dict[str, str]:
+def supervised_parts(grid: MetricsSource) -> dict[str, str]:
     """Part name -> state ("up", "restarting", "down").
 
     From the Grid's supervisor when it has one (``states()`` or ``parts``: a mapping of
@@ -186,23 +217,3 @@ def supervised_parts(grid: Grid) -> dict[str, str]:
             found[str(name)] = str(getattr(state, "value", state))
         return found
     return {name: "up" for name in grid.background.names if ":" not in name}
-
-
-class DaemonMetrics:
-    """One daemon's metrics: the event counter and request stats now, the registry (and
-    prometheus-client) at the first scrape."""
-
-    def __init__(self, grid: Grid) -> None:
-        self.grid = grid
-        self.events = EventCounter()
-        self.requests = RequestStats()
-        self._render: Callable[[], bytes] | None = None
-        grid.bus.add_listener(self.events)
-
-    def render(self) -> bytes:
-        """The text exposition of every metric (builds the registry on first use)."""
-        if self._render is None:
-            from gridd.metrics_export import renderer
-
-            self._render = renderer(self.grid, self)
-        return self._render()

@@ -1,4 +1,4 @@
-"""The Prometheus side of gridd's metrics: a custom collector over the Grid, rendered by
+"""The Prometheus side of gridd's metrics: a custom collector over the daemon's parts, rendered by
 prometheus-client. Imported at the first scrape only (see ``gridd.metrics``).
 
 Gauges are computed here from the state cache; counters and histograms are copied from the
@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CollectorRegistry,
@@ -33,14 +32,12 @@ from gridd.metrics import (
     EXIT_OUTCOMES,
     PART_STATES,
     Buckets,
-    DaemonMetrics,
     EventCounter,
+    MetricsSource,
+    RequestStats,
     supervised_parts,
 )
 from gridd.model import AgentStatus, TaskStatus, utcnow
-
-if TYPE_CHECKING:
-    from gridd.grid import Grid
 
 
 def _histogram(name: str, help_: str, buckets: Buckets) -> Metric:
@@ -58,12 +55,12 @@ def _counter(name: str, help_: str, value: float) -> Metric:
 
 
 class GridCollector(Collector):
-    """Everything read from the Grid at scrape time (a custom collector: no upkeep)."""
+    """Everything read from the daemon's parts at scrape time (a custom collector: no upkeep)."""
 
-    def __init__(self, grid: Grid, metrics: DaemonMetrics) -> None:
+    def __init__(self, grid: MetricsSource, events: EventCounter, requests: RequestStats) -> None:
         self.grid = grid
-        self.events: EventCounter = metrics.events
-        self.requests = metrics.requests
+        self.events = events
+        self.requests = requests
         self.parts_seen: set[str] = set()
 
     def collect(self) -> Iterator[Metric]:
@@ -242,12 +239,14 @@ def _db_size(path: os.PathLike[str] | str) -> int:
     return total
 
 
-def renderer(grid: Grid, metrics: DaemonMetrics) -> Callable[[], bytes]:
+def renderer(
+    source: MetricsSource, events: EventCounter, requests: RequestStats
+) -> Callable[[], bytes]:
     """A per-daemon registry (never the global one) and the function rendering it."""
     # No ``*_created`` series: in the 0.0.4 text format each is one more gauge per
     # counter and histogram, which doubles a scrape for a timestamp the uptime gives.
     disable_created_metrics()  # type: ignore[no-untyped-call]
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(GridCollector(grid, metrics))
+    registry.register(GridCollector(source, events, requests))
     ProcessCollector(registry=registry)  # RSS, CPU, open and max fds
     return lambda: generate_latest(registry)

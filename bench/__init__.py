@@ -17,7 +17,7 @@ Adding a benchmark (the pattern every module here follows):
 4. Use ``bench.common`` for the shared pieces: short throwaway git repositories under /tmp,
    a real ``gridd`` process, a cheap raw keep-alive HTTP client over the Unix socket, and
    percentiles. Clean up every process and directory you start, even on failure.
-5. Add the figure to the table in docs/performance.md.
+5. Add the figure to the table in docs/performance.md, and the run to bench/HISTORY.md.
 """
 
 from __future__ import annotations

@@ -172,12 +172,16 @@ def _is_other_name(text: str) -> bool:
         or (first in Settings.model_fields and first != "agents")
         or first == "gridd"
         or text in NOT_CODE
+        or first in _GIT_CONFIG
     )
 
 
 #: ``heartbeat.ndjson``, ``spec.marshal``: files, not code.
 _EXTENSIONS = {"py", "md", "toml", "json", "ndjson", "yaml", "db", "log", "sock", "idx", "lock"}
 _EXTENSIONS |= {"marshal", "kill", "service", "plist"}
+
+#: ``core.fsmonitor``, ``user.email``: git's configuration.
+_GIT_CONFIG = {"core", "user", "gc", "remote", "branch", "submodule", "safe"}
 
 #: Dotted names that are fields of a document (``GET /state``'s ``daemon.warnings``).
 NOT_CODE = {"daemon.warnings"}

@@ -55,18 +55,25 @@ def image() -> str:
 
 
 def podman_config(
-    root: Path, image: str, profiles: dict[str, list[str]], mounts: list[str]
+    root: Path,
+    image: str,
+    profiles: dict[str, list[str]],
+    mounts: list[str],
+    *,
+    extra: tuple[str, ...] = (),
 ) -> None:
     lines = [
         "[scheduler]",
         f'default_agent = "{next(iter(profiles))}"',
         "tick_seconds = 0.2",
+        "max_attempts = 1",
         "[executors]",
         'default = "podman"',
         "[executors.podman]",
         f'image = "{image}"',
         f"mounts = {json.dumps([f'{AGENTS_DIR}:{AGENTS_DIR}:ro', *mounts])}",
         "look_seconds = 0.1",
+        *extra,
     ]
     for name, argv in profiles.items():
         lines += [f"[agents.{name}]", f"command = {json.dumps(argv)}"]
@@ -171,3 +178,42 @@ def test_a_cancelled_podman_run_stops_and_its_container_goes(
         c.request("DELETE", "/tasks/stuck")
         wait_for(lambda: not c.get("/agents"), timeout=60, message="the agent stopped")
         wait_for(lambda: containers("stuck") == [], timeout=30, message="the container removed")
+
+
+OFFLINE = """
+import socket
+try:
+    socket.create_connection(("1.1.1.1", 53), 2)
+    print("online")
+except OSError as exc:
+    print("offline:", exc)
+"""
+
+
+def test_a_podman_run_has_no_network_unless_given_one(
+    repo: Path, image: str, cleanup: list[str]
+) -> None:
+    cleanup.append("offline")
+    podman_config(repo, image, {"net": ["python3", "-c", OFFLINE]}, [])
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        start(c, {"id": "offline", "title": "try the network"})
+        wait_task_status(c, "offline", "review", timeout=60)
+        [agent] = c.get("/agents", params={"all": "1"})
+        assert agent["lastOutput"].startswith("offline:"), agent["lastOutput"]
+
+
+def test_a_podman_run_past_its_memory_limit_is_killed_and_fails(
+    repo: Path, image: str, cleanup: list[str]
+) -> None:
+    cleanup.append("greedy")
+    greedy = ["python3", "-c", "x = bytearray(400 * 1024 * 1024); print('allocated')"]
+    podman_config(repo, image, {"greedy": greedy}, [], extra=('memory = "64m"',))
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        start(c, {"id": "greedy", "title": "allocate too much"})
+        wait_task_status(c, "greedy", "failed", timeout=60)
+        [agent] = c.get("/agents", params={"all": "1"})
+        assert agent["exitCode"] == 128 + 9  # killed by the kernel at the limit, never a success
+        log = Path(agent["runDir"], "output.log")
+        assert not log.exists() or "allocated" not in log.read_text()

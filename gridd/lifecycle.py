@@ -50,9 +50,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
-from gridd.errors import Conflict, ValidationFailed
+from gridd.changes import validated_agent, validated_task
+from gridd.errors import Conflict
 from gridd.model import Agent, AgentStatus, Task, TaskStatus, utcnow
 
 if TYPE_CHECKING:
@@ -91,9 +90,6 @@ AGENT_TRANSITIONS: Mapping[AgentStatus, frozenset[AgentStatus]] = {
     A.EXITED: frozenset(),
 }
 
-_TASK_FIELDS = frozenset(Task.model_fields)
-_AGENT_FIELDS = frozenset(Agent.model_fields)
-
 
 class IllegalTransition(Conflict):
     """A move the table does not allow: a bug, reported and never persisted."""
@@ -118,52 +114,6 @@ class Move:
     status: TaskStatus
     reason: str | None = None
     fields: Mapping[str, Any] = field(default_factory=dict)
-
-
-# -- validation (shared with GridState's field updates) -----------------------------------------
-
-
-def validated_task(task: Task, changes: Mapping[str, Any]) -> Task:
-    """``task`` with ``changes``, validated as the API validates a task (422 otherwise)."""
-    unknown = set(changes) - _TASK_FIELDS
-    if unknown:
-        raise ValidationFailed(
-            f"unknown task field(s): {', '.join(sorted(unknown))}",
-            code="unknown_field",
-            details={"fields": sorted(unknown)},
-        )
-    try:
-        return Task.model_validate({**task.model_dump(), **changes})
-    except ValidationError as exc:
-        raise ValidationFailed(
-            f"invalid change to task {task.id!r}",
-            code="invalid_task",
-            details={"problems": _problems(exc)},
-        ) from None
-
-
-def validated_agent(agent: Agent, changes: Mapping[str, Any]) -> Agent:
-    unknown = set(changes) - _AGENT_FIELDS
-    if unknown:
-        raise ValidationFailed(
-            f"unknown agent field(s): {', '.join(sorted(unknown))}",
-            code="unknown_field",
-            details={"fields": sorted(unknown)},
-        )
-    try:
-        return Agent.model_validate({**agent.model_dump(), **changes})
-    except ValidationError as exc:
-        raise ValidationFailed(
-            f"invalid change to agent {agent.id!r}",
-            code="invalid_agent",
-            details={"problems": _problems(exc)},
-        ) from None
-
-
-def _problems(exc: ValidationError) -> list[dict[str, str]]:
-    return [
-        {"field": ".".join(str(p) for p in e["loc"]), "problem": e["msg"]} for e in exc.errors()
-    ]
 
 
 # -- the moves ---------------------------------------------------------------------------------

@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from gridd.changes import validated_agent, validated_task
 from gridd.errors import GriddError
 from gridd.events import EventBus
-from gridd.lifecycle import validated_agent, validated_task
 from gridd.model import (
     Agent,
     AgentStatus,

@@ -13,6 +13,7 @@ an HTTP error with headers and body. When the script is empty, the turn is a pla
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -39,6 +40,8 @@ class Turn:
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     body: dict[str, Any] = field(default_factory=dict)
+    #: Hold the response back until the test releases this event (or 30 s pass).
+    gate: threading.Event | None = None
     #: A usage limit (429 ``usage_limit_reached``) that resets at this epoch second.
     resets_at: int | None = None
     input_tokens: int = 1200
@@ -124,6 +127,8 @@ class StandIn:
     async def _responses(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         turn = self._next(body)
+        if turn.gate is not None:
+            await asyncio.get_running_loop().run_in_executor(None, turn.gate.wait, 30.0)
         if turn.resets_at is not None:
             self.resets.append(turn.resets_at)
             turn.body["error"]["resets_at"] = turn.resets_at

@@ -241,3 +241,11 @@ def test_the_codex_profile_is_bundled_and_its_options_are_checked() -> None:
         get_adapter("codex", options={"model": 5})
     with pytest.raises(ConfigError):
         get_adapter("codex", options={"sandbox": "none"})
+
+
+def test_a_run_adopted_after_a_restart_still_prices_its_tokens_from_its_command() -> None:
+    adapter = CodexAdapter()
+    adapter.adopt([*ARGV, "-m", "gpt-5-codex", "the prompt"])  # never saw extra_args
+    signals = adapter.feed_output(transcript("write"))
+    assert of(ModelName, signals) == [ModelName("gpt-5-codex")]
+    assert len(of(Cost, signals)) == 1

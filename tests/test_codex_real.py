@@ -12,6 +12,7 @@ is under ``.cache/``.
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,7 +33,7 @@ from tests.helpers import (
     wait_task_status,
     write_core_config,
 )
-from tests.openai_standin import MODEL, StandIn, call, error, standin, usage_limit
+from tests.openai_standin import MODEL, StandIn, Turn, call, error, standin, usage_limit
 from tests.real_cli import ROOT, agent_of, epoch, spec_argv
 
 CODEX = ROOT / ".cache/codex/node_modules/@openai/codex-linux-x64/vendor"
@@ -189,3 +190,36 @@ def test_a_usage_limit_parks_the_task_to_its_reset_minute_and_resumes_the_same_s
         assert any("interrupted by a rate limit" in t for t in texts)
         assert len(event_log(c, types={"agent.rate_limited"})) == 1
         assert task["status"] == "review"
+
+
+def test_a_daemon_killed_mid_run_reattaches_codex_and_loses_none_of_its_output(
+    repo: Path, codex_home: Path, api: StandIn
+) -> None:
+    setup(repo, codex_home)
+    gate = threading.Event()
+    api.push(
+        call("exec_command", {"cmd": "printf 'kept\\n' > kept.txt"}),
+        Turn(text="Wrote kept.txt after the restart.", gate=gate),
+    )
+    with core_daemon(repo) as first:
+        c = first.client()
+        start(c, "crash")
+        api.wait_requests(2, timeout=60)  # the command ran; codex waits for the model
+        before = agent_of(c, "crash")
+        first.kill9()
+        gate.set()  # codex goes on while no daemon runs
+        with core_daemon(repo) as second:
+            c2 = second.client()
+            wait_task_status(c2, "crash", "review", timeout=60)
+            assert git_show(repo, "grid/crash:kept.txt") == "kept\n"
+            agent = agent_of(c2, "crash")
+            assert agent["id"] == before["id"] and agent["exitCode"] == 0
+            assert agent["result"] == "Wrote kept.txt after the restart."
+            assert agent["sessionId"] == before["sessionId"]
+            # Every line codex printed was read once: tokens and cost of both calls.
+            assert (agent["inputTokens"], agent["outputTokens"]) == (2400, 160)
+            price = PRICES["gpt-5-codex"]
+            expected = (2400 * price.input + 160 * price.output) / 1_000_000
+            assert agent["costUsd"] == pytest.approx(expected)
+            assert c2.get("/tasks/crash")["costUsd"] == pytest.approx(expected)
+            assert len(event_log(c2, types={"agent.spawned"})) == 1

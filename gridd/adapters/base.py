@@ -163,6 +163,11 @@ class Adapter(Protocol):
         """Arguments to append to the profile's command (e.g. the permission policy)."""
         return []
 
+    def adopt(self, argv: list[str]) -> None:
+        """A run an earlier daemon started with ``argv`` (the command ``extra_args`` saw
+        then) is watched again: learn from it what the run's output will not say."""
+        return None
+
     def resume_args(self, argv: list[str], session_id: str) -> list[str]:
         """The command ``argv`` made to resume the CLI's session ``session_id`` (a
         continuation, feedback, a rate limit's end), or ``argv`` when it cannot resume."""

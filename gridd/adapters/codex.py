@@ -112,6 +112,10 @@ class CodexAdapter(Adapter):
             return []
         return ["-m", self._model] if self._model else []
 
+    def adopt(self, argv: list[str]) -> None:
+        """The model, for the price: codex's output never names it."""
+        self._model = _model_in(argv) or self._model
+
     def resume_args(self, argv: list[str], session_id: str) -> list[str]:
         """``codex exec [options] resume <id> <prompt>``: the prompt is the last argument."""
         if len(argv) < 2 or "exec" not in argv:

@@ -13,6 +13,7 @@ published, so no chunk is published twice or under two numbers.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from pathlib import Path
@@ -66,6 +67,8 @@ class Reattacher:
             adapter = get_adapter(agent.adapter, options=profile.adapter_options if profile else {})
         except GriddError:
             adapter = get_adapter("heartbeat")
+        if argv := _spec_argv(Path(agent.run_dir)):
+            adapter.adopt(argv)  # e.g. codex's model, for its price
         run = RunWatch(Path(agent.run_dir), adapter, heartbeat_offset=agent.heartbeat_offset)
         if adapter.ends_on_result:
             # It may have said its final word before we died: know it, to end the run.
@@ -137,3 +140,13 @@ class Reattacher:
                     f" {published} chunks already published; output from there on may repeat",
                 },
             )
+
+
+def _spec_argv(run_dir: Path) -> list[str]:
+    """The argv a run was started with, from its ``spec.json`` ([] when unreadable)."""
+    try:
+        spec = json.loads((run_dir / "spec.json").read_text())
+    except (OSError, ValueError):
+        return []
+    argv = spec.get("argv") if isinstance(spec, dict) else None
+    return [str(a) for a in argv] if isinstance(argv, list) else []

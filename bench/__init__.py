@@ -39,6 +39,7 @@ BENCHMARKS: list[str] = [
     "questions",
     "metrics",
     "merge",
+    "train",
     "flood",
     "claude_finish",
 ]

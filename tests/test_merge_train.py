@@ -192,6 +192,10 @@ def test_one_bad_task_in_twelve_is_returned_and_eleven_land_within_the_round_bou
         assert "bad-t08.txt" in str(failed[0]["output"])
         culprits = [e.data.get("culprit") for e in event_log(c, types={"merge.bisected"})]
         assert "t08" in culprits
+        # the halves that landed are the failed candidate's own merges, not merged again
+        first = event_log(c, types={"merge.batch_failed"})[0].data["candidate"]
+        landed = event_log(c, types={"merge.batch_passed"})[0].data["candidate"]
+        git(repo, "merge-base", "--is-ancestor", landed, first)
 
 
 def test_two_bad_tasks_are_both_returned_and_the_rest_land(repo: Path, logdir: Path) -> None:

@@ -395,6 +395,7 @@ class MergeQueue:
             return
         batch = f"{riding[0].id}-{secrets.token_hex(3)}"
         bisection = Bisection([t.id for t in riding])
+        known: dict[tuple[str, str], str] = {}  # (task, the commit merged onto) -> its merge
         output = ""
         moved = 0
         while (step := bisection.next()) is not None:
@@ -411,7 +412,7 @@ class MergeQueue:
                 retry=step.retry,
                 retries=self.retries,
             )
-            built = await self._candidate(step.tasks, feature=feature)
+            built = await self._candidate(step.tasks, feature=feature, known=known)
             if built is None:
                 return  # every one left the batch (conflicts, markers, cancels)
             tip, rides = built
@@ -485,13 +486,18 @@ class MergeQueue:
                 await self._blame(culprit, output=output, feature=feature)
 
     async def _candidate(
-        self, task_ids: list[str], *, feature: str
+        self, task_ids: list[str], *, feature: str, known: dict[tuple[str, str], str]
     ) -> tuple[str, list[tuple[Task, str]]] | None:
         """Merge the tasks in order onto F's tip in the integration worktree (left at the
         last one): the tip and each riding task with its own merge commit. A task that
         conflicts with F's tip goes to the policy; one that conflicts only with a task ahead
         of it in this candidate stays queued (merged again once those landed, it conflicts
-        with F itself, or not); one that would add conflict markers is refused."""
+        with F itself, or not); one that would add conflict markers is refused.
+
+        ``known``: merges made earlier in this train, by task and the commit merged onto. A
+        bisection's half is a prefix of the candidate that failed, on the same tip, and the
+        rest sit on that prefix once it landed: their merges (checked already) are reused,
+        so a bisection round costs a gate run and no merging."""
         tip = await commit_of(self.root, feature, timeout=self.timeout)
         if tip is None:
             raise GriddError(f"feature branch {feature!r} is gone", code="feature_missing")
@@ -500,6 +506,11 @@ class MergeQueue:
         for task_id in task_ids:
             task = self._merging(task_id)
             if task is None or task.branch is None:
+                continue
+            key = (f"{task.id}@{task.merge_queued_at}", head)
+            if (made := known.get(key)) is not None:
+                rides.append((task, made))
+                head = made
                 continue
             try:
                 result = await self.integration.merge(
@@ -538,6 +549,7 @@ class MergeQueue:
                     f"the merge of {task.id} does not contain the candidate ahead of it",
                     code="merge_not_descendant",
                 )
+            known[key] = result.commit
             rides.append((task, result.commit))
             head = result.commit
         if not rides:

@@ -11,7 +11,11 @@ a raw SSE reader sees them.
    own cost (20 x the per-merge cost of the plain git script of ``bench_merge``, measured in
    this run).
 2. **One bad** (the 8th task's file fails the gate), ``max_batch = 20``: the bad task
-   identified (returned, the other 19 merged). Target: <= 6 gate-times.
+   identified (returned, the other 19 merged). Target: <= 6 gate-times; and at most
+   ``ceil(log2 20) + 2`` = 7 gate runs. One gate at a time, finding one task in 20 takes
+   the first run and ``ceil(log2 20)`` = 5 halvings at the least: 6 gate-times before any
+   merge is made, so the time target needs gates run side by side (``gate_concurrency``,
+   not built), and is reported as it stands.
 
 Also reported: the train's merge cost per task (its time less its gate runs' time, per task)
 against the plain script's per-merge time.
@@ -20,6 +24,7 @@ against the plain script's per-merge time.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from typing import Any
@@ -111,6 +116,7 @@ def _train(*, max_batch: int, bad: str | None) -> dict[str, Any]:
             started = time.monotonic()
             for i in range(TASKS):
                 api(http, "POST", f"/tasks/t{i}/approve")
+            approved = time.monotonic() - started
             finished = tally.done.wait(TIMEOUT_S)
             if tally.trouble:
                 raise RuntimeError(f"merge trouble: {tally.trouble[:2]}")
@@ -123,6 +129,7 @@ def _train(*, max_batch: int, bad: str | None) -> dict[str, Any]:
     return {
         "finished": finished,
         "seconds": round(elapsed, 3),
+        "approve_all_s": round(approved, 3),
         "gate_runs": gates,
         "returned": tally.returned,
         "merge_cost_per_task_s": max(0.0, elapsed - gates * GATE_S) / TASKS,
@@ -156,6 +163,13 @@ def run(quick: bool) -> dict[str, Any]:
                 passed=bool(one_bad["finished"])
                 and one_bad["returned"] == [BAD]
                 and one_bad["seconds"] <= bad_target,
+            ),
+            Check(
+                metric=f"{TASKS} with one bad, gate runs",
+                value=one_bad["gate_runs"],
+                unit="runs",
+                target=f"<= ceil(log2 {TASKS}) + 2 ({math.ceil(math.log2(TASKS)) + 2})",
+                passed=one_bad["gate_runs"] <= math.ceil(math.log2(TASKS)) + 2,
             ),
         ],
         baseline={

@@ -114,9 +114,7 @@ def build_completion(parser: argparse.ArgumentParser) -> None:
 
 
 def run_completion(ctx: Context) -> int:
-    from gridd.cli.gridctl import build_parser  # the whole tree, built by gridctl itself
-
-    print(script(ctx.args.shell, build_parser()), end="")
+    print(script(ctx.args.shell, ctx.parser), end="")
     return EXIT_OK
 
 

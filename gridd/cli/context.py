@@ -31,8 +31,11 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 class Context:
     """One invocation: parsed arguments, the workspace, and a lazily started client."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, *, parser: argparse.ArgumentParser) -> None:
         self.args = args
+        #: The whole command tree these arguments were parsed by (``gridctl completion``
+        #: reads it), so no command imports the entry point that lists it.
+        self.parser = parser
         self._client: GridClient | None = None
 
     @cached_property

@@ -329,7 +329,8 @@ def check_config(ws: Workspace, *, doing: str) -> None:
 
 
 def run_action(ws: Workspace, action: str, *, agents: bool = False) -> int:
-    """Run one of ACTIONS, printing what happened. Exit status 3: ``status`` found nothing.
+    """Run one of ACTIONS but ``upgrade`` (``gridd.cli.upgrade``, which builds on this module),
+    printing what happened. Exit status 3: ``status`` found nothing.
     ``agents`` (``stop --agents``): the running agents are stopped too."""
     if action == "restart":
         check_config(ws, doing="restart")
@@ -337,10 +338,6 @@ def run_action(ws: Workspace, action: str, *, agents: bool = False) -> int:
         _print_stop(ws, agents=agents)
     if action in ("start", "restart"):
         _print_start(ws)
-    if action == "upgrade":
-        from gridd.cli.upgrade import run_upgrade
-
-        return run_upgrade(ws)
     if action == "status":
         status = probe(ws)
         if status is None:

@@ -129,6 +129,10 @@ def build_daemon(parser: argparse.ArgumentParser) -> None:
 
 
 def run_daemon(ctx: Context) -> int:
+    if ctx.args.daemon_action == "upgrade":
+        from gridd.cli.upgrade import run_upgrade  # a command above daemonctl, loaded when used
+
+        return run_upgrade(ctx.workspace)
     agents = bool(getattr(ctx.args, "agents", False))
     return daemonctl.run_action(ctx.workspace, ctx.args.daemon_action, agents=agents)
 
@@ -235,8 +239,9 @@ def report(exc: GriddError) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    ctx = Context(args)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    ctx = Context(args, parser=parser)
     try:
         run: Any = args.command_run
         return int(run(ctx))

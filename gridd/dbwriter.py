@@ -13,7 +13,8 @@ Who waits for a batch decides what its failure means:
   and dropped, exactly as a failed ``COMMIT`` on the caller's own connection would be.
 - A batch nobody waits for any more (the caller's wait ran out: the database is locked or
   slow) is *behind*: it is retried until it commits, however long that takes, so what the
-  daemon already acted on is never dropped. A full or read-only disk is retried too, more
+  daemon already acted on is never dropped. Batches behind commit together, up to
+  ``GROUP_MAX`` in one transaction, each still all or nothing. A full or read-only disk is retried too, more
   slowly; ``failing`` says why meanwhile (``/health``). Its ``on_done`` runs on the loop
   once it has committed, in submission order.
 """
@@ -38,6 +39,8 @@ RETRY_MAX_SECONDS = 1.0
 #: A caller blocked in ``Batch.wait`` (outside the loop) hears of a lock held this long
 #: (SQLite's default busy timeout): a command-line check must not wait forever.
 LOCKED_GIVE_UP_SECONDS = 5.0
+#: Queued writes committed together in one transaction, at most.
+GROUP_MAX = 256
 
 #: A statement of a batch, run on the writer's connection; returns what it wants to report.
 Op = Callable[[sqlite3.Connection], Any]
@@ -145,24 +148,41 @@ class Writer:
     # -- the thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
+        ahead: list[Batch | None] = []  # taken off the queue, not joining the group before
         while True:
-            batch = self._queue.get()
+            batch = ahead.pop() if ahead else self._queue.get()
             if batch is None:
                 return
-            if not self._commit(batch):
+            group = [batch]
+            # Writes nobody waits for commit together (group commit): a queue that grew
+            # while the database was locked drains in a few transactions, not thousands.
+            while not batch.waiting and batch.raw is None and len(group) < GROUP_MAX:
+                try:
+                    after = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if after is None or after.waiting or after.raw is not None:
+                    ahead.append(after)
+                    break
+                group.append(after)
+            done = self._commit(group)
+            for member in group:
+                member.ops = []  # a 50,000-task request's rows: not kept till the next write
+            del batch, group
+            if not done:
                 return  # stopping with the database still refusing: the rest stays unsaved
 
-    def _commit(self, batch: Batch) -> bool:
+    def _commit(self, group: list[Batch]) -> bool:
         started = self.head_since = time.monotonic()
         pause = RETRY_SECONDS
         try:
             while True:
                 try:
-                    result = self._attempt(batch)
+                    results = self._attempt(group)
                 except sqlite3.Error as exc:
                     waited = time.monotonic() - started
                     hopeful = is_locked(exc) and waited < LOCKED_GIVE_UP_SECONDS
-                    if not hopeful and batch._give_up_on_failure(exc):
+                    if not hopeful and len(group) == 1 and group[0]._give_up_on_failure(exc):
                         return True
                     self._note_failure(exc)
                     if self._stop_by is not None and time.monotonic() >= self._stop_by:
@@ -172,30 +192,38 @@ class Writer:
                     pause = min(pause * 2, RETRY_MAX_SECONDS)
                     continue
                 except Exception as exc:  # a bug in a statement: no retry can fix it
+                    if len(group) > 1:  # find the one at fault: each on its own
+                        return all(self._commit([member]) for member in group)
                     log.exception("a store write failed and was dropped")
-                    if batch._settle(FAILED, exc) and batch.notify is not None:
-                        batch.notify(batch)
+                    if group[0]._settle(FAILED, exc) and group[0].notify is not None:
+                        group[0].notify(group[0])
                     return True
-                batch.result = result
                 if self.failing is not None and self.on_commit is not None:
                     self.on_commit()
                 self.failing = None
                 self.locked_since = None
-                if batch._settle(DONE) and batch.notify is not None:
-                    batch.notify(batch)
+                for batch, result in zip(group, results, strict=True):
+                    batch.result = result
+                    if batch._settle(DONE) and batch.notify is not None:
+                        batch.notify(batch)
                 return True
         finally:
             self.head_since = None
 
-    def _attempt(self, batch: Batch) -> Any:
-        if batch.raw is not None:
-            return batch.raw(self)
+    def _attempt(self, group: list[Batch]) -> list[Any]:
+        """Commit the group's statements in one transaction; each batch's last result."""
+        first = group[0]
+        if first.raw is not None:
+            return [first.raw(self)]
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            result = None
-            for op in batch.ops:
-                result = op(conn)
+            results = []
+            for batch in group:
+                result = None
+                for op in batch.ops:
+                    result = op(conn)
+                results.append(result)
             conn.execute("COMMIT")
         except BaseException:
             try:
@@ -204,7 +232,7 @@ class Writer:
             except sqlite3.Error as exc:
                 log.error("rollback failed: %s", exc)
             raise
-        return result
+        return results
 
     def _note_failure(self, exc: sqlite3.Error) -> None:
         if self.failing is None or str(self.failing) != str(exc):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -35,6 +36,9 @@ DEFAULT_STALL_SECONDS = 10.0
 #: A batch handed to a stream stops growing past this: one send joins it into one buffer.
 BATCH_BYTES = 256 * 1024
 REPLAY_PAGE = 100
+#: Bytes of one batch's events handed to subscribers and listeners per turn of the event
+#: loop (at least one event); the rest wait for the next turns, in order.
+FAN_OUT_BYTES_PER_TURN = 256 * 1024
 
 
 class Budget:
@@ -242,6 +246,8 @@ class EventBus:
         self.lagged_total = 0
         self._subscribers: set[Subscriber] = set()
         self._listeners: list[Callable[[Event], None]] = []
+        #: Committed events waiting for their turn to be fanned out (``_later``), in order.
+        self._waiting: deque[Event] = deque()
         self._closed = False
         self.last_id = store.last_event_id()
         self.dropped_total = 0
@@ -263,21 +269,59 @@ class EventBus:
         self._store.after_commit(lambda: self._fan_out(event))
         return event
 
-    def publish_many(self, type_: str, datas: list[dict[str, Any]]) -> list[Event]:
+    def publish_many(
+        self, type_: str, datas: list[dict[str, Any]], *, payloads: list[str] | None = None
+    ) -> list[Event]:
         """``publish`` for many events of one type at once (one insert statement, one
         fan-out callback), in order. The output pass publishes agents' chunks this way."""
         if not datas:
             return []
-        events = self._store.append_events(type_, datas)
+        events = self._store.append_events(type_, datas, payloads=payloads)
 
         def fan_out() -> None:
-            for event in events:
+            size = 0
+            for n, event in enumerate(events):
+                if size >= FAN_OUT_BYTES_PER_TURN:
+                    self._later(events[n:])
+                    return
+                size += event._nbytes
                 self._fan_out(event)
 
         self._store.after_commit(fan_out)
         return events
 
     def _fan_out(self, event: Event) -> None:
+        """Deliver ``event``, after the events still waiting their turn (in order)."""
+        if self._waiting:
+            self._waiting.append(event)
+        else:
+            self._deliver(event)
+
+    def _later(self, events: list[Event]) -> None:
+        """Deliver ``events`` about ``FAN_OUT_BYTES_PER_TURN`` per turn of the loop: a
+        50,000-task batch is 200 events of 250 tasks, each handed to every listener, and
+        the loop answers others in between. Anything published meanwhile waits behind
+        them. (Outside a running loop: at once.)"""
+        first = not self._waiting
+        self._waiting.extend(events)
+        if not first:
+            return
+        try:
+            asyncio.get_running_loop().call_soon(self._next_turn)
+        except RuntimeError:
+            self._next_turn(all_of_it=True)
+
+    def _next_turn(self, *, all_of_it: bool = False) -> None:
+        waiting = self._waiting
+        size = 0
+        while waiting and (all_of_it or size < FAN_OUT_BYTES_PER_TURN):
+            event = waiting.popleft()
+            size += event._nbytes
+            self._deliver(event)
+        if waiting:
+            asyncio.get_running_loop().call_soon(self._next_turn)
+
+    def _deliver(self, event: Event) -> None:
         self.last_id = event.id
         for sub in list(self._subscribers):
             if sub.wants(event) and not sub._offer(event):
@@ -349,7 +393,8 @@ class EventBus:
         self._listeners.append(listener)
 
     def close(self) -> None:
-        """End every live stream (daemon shutdown)."""
+        """End every live stream (daemon shutdown), after the events still waiting."""
+        self._next_turn(all_of_it=True)
         self._closed = True
         for sub in list(self._subscribers):
             sub._close()

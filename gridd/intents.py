@@ -36,6 +36,10 @@ from gridd.worktrees import Worktrees
 
 log = logging.getLogger(__name__)
 
+#: A request creating more tasks than this is built off the event loop and written in
+#: chunks that yield (``Commands.create_tasks_yielding``).
+YIELD_ABOVE = 500
+
 _STARTABLE = frozenset(
     {
         TaskStatus.PENDING,
@@ -122,6 +126,45 @@ class Commands:
 
     def create_tasks(self, specs: list[TaskSpec], *, source: str = "native") -> list[Task]:
         """Create tasks atomically: any problem in the batch and nothing is applied."""
+        existing = {t.id: t.depends_on for t in self.state.tasks.values()}
+        ready = self._built(specs, source=source, existing=existing, statuses=self.state.statuses())
+        created = self.state.add_tasks(ready)
+        self.state.flush()
+        return created
+
+    async def create_tasks_yielding(
+        self, specs: list[TaskSpec], *, source: str = "native"
+    ) -> list[Task]:
+        """``create_tasks`` for a request of any size. Past ``YIELD_ABOVE`` tasks they are
+        built and checked on a worker thread (against a copy of the graph), then written
+        and announced in chunks that yield (``GridState.add_tasks_yielding``): 50,000 tasks
+        never hold the event loop for long. Still all or nothing: an id another request
+        took meanwhile refuses the whole batch, as a duplicate does."""
+        if len(specs) <= YIELD_ABOVE:
+            return self.create_tasks(specs, source=source)
+        existing = {t.id: t.depends_on for t in self.state.tasks.values()}
+        statuses = self.state.statuses()
+        ready = await asyncio.to_thread(
+            self._built, specs, source=source, existing=existing, statuses=statuses
+        )
+        for task in ready:
+            if task.id in self.state.tasks:
+                message = f"duplicate task id {task.id!r}"
+                problem = {"kind": "duplicate", "message": message, "ids": [task.id]}
+                raise Conflict(message, code="task_exists", details={"problems": [problem]})
+        return await self.state.add_tasks_yielding(ready)
+
+    def _built(
+        self,
+        specs: list[TaskSpec],
+        *,
+        source: str,
+        existing: dict[str, list[str]],
+        statuses: dict[str, TaskStatus],
+    ) -> list[Task]:
+        """The tasks ``specs`` ask for, each ready or not, checked against ``existing``
+        (id -> dependencies) and ``statuses``; the first problem raises. Reads nothing
+        else of the state: ``create_tasks_yielding`` runs it on a worker thread."""
         profiles = self.pool.profiles
         now = utcnow()
         tasks = []
@@ -150,7 +193,6 @@ class Commands:
                     updated_at=now,
                 )
             )
-        existing = {t.id: t.depends_on for t in self.state.tasks.values()}
         problems = graph_problems([(t.id, t.depends_on) for t in tasks], existing)
         if problems:
             first = problems[0]
@@ -165,14 +207,12 @@ class Commands:
                     ]
                 },
             )
-        statuses = {**self.state.statuses(), **{t.id: t.status for t in tasks}}
+        statuses = {**statuses, **{t.id: t.status for t in tasks}}
         ready = []
         for task in tasks:
             wanted = readiness(task, statuses) or task.status
             ready.append(task.model_copy(update={"status": wanted}))
-        created = self.state.add_tasks(ready)
-        self.state.flush()
-        return created
+        return ready
 
     def patch_task(self, task_id: str, patch: TaskPatch) -> Task:
         task = self.task(task_id)

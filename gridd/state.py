@@ -11,6 +11,7 @@ make every event megabytes).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable, Iterable
@@ -28,8 +29,10 @@ from gridd.model import (
     TaskStatus,
     utcnow,
 )
-from gridd.store import Store
+from gridd.store import Store, encode_payload, task_rows
 
+#: A big batch of new tasks is announced in ``tasks.changed`` events of this many tasks.
+EVENT_CHUNK = 250
 #: Agents' output positions are written to their rows at most this often (``note_output``).
 POSITIONS_SAVE_SECONDS = 5.0
 
@@ -99,6 +102,27 @@ class GridState:
             self.store.save_tasks(tasks)
         for task in tasks:
             self._remember(task)
+        self.touch()
+        return tasks
+
+    async def add_tasks_yielding(self, tasks: list[Task]) -> list[Task]:
+        """``add_tasks`` for a batch of any size without holding the event loop: the rows
+        and the ``tasks.changed`` events (``EVENT_CHUNK`` tasks each) are encoded on a
+        worker thread, then written in one transaction (committed on the store's writer
+        thread) and taken into the cache at once. ``flush`` has nothing left to say about
+        them."""
+        rows, datas, payloads = await asyncio.to_thread(_encoded, tasks)
+        with self.store.transaction():
+            self.store.save_task_rows(rows)
+            self.bus.publish_many("tasks.changed", datas, payloads=payloads)
+        del rows, datas, payloads
+        # All at once (a dict update), as ``_remember`` would one by one: new tasks have no
+        # cached encoding, and these need no flush.
+        self.tasks.update((t.id, t) for t in tasks)
+        for task in tasks:
+            self._dirty.pop(task.id, None)
+        self._tasks_blob = None
+        self._task_counts = None
         self.touch()
         return tasks
 
@@ -327,3 +351,16 @@ def _no_status(kind: str, changes: dict[str, Any]) -> None:
             f"a {kind}'s status changes only through gridd.lifecycle (move_{kind})",
             details={"fields": sorted(changes)},
         )
+
+
+def _encoded(
+    tasks: list[Task],
+) -> tuple[list[tuple[str, str, str]], list[dict[str, Any]], list[str]]:
+    """Tasks' database rows, and their ``tasks.changed`` events' data and encodings
+    (``add_tasks_yielding``'s worker thread)."""
+    wires = [t.wire() for t in tasks]
+    datas = [
+        {"tasks": wires[start : start + EVENT_CHUNK], "partial": True}
+        for start in range(0, len(wires), EVENT_CHUNK)
+    ]
+    return task_rows(tasks), datas, [encode_payload(d) for d in datas]

@@ -327,7 +327,8 @@ class Store:
             if isinstance(error, sqlite3.Error):
                 raise self._noted(_store_error(error)) from error
             raise StoreError(f"state database write failed: {error}") from error
-        for callback in batch.callbacks:
+        callbacks, batch.callbacks = batch.callbacks, []
+        for callback in callbacks:
             callback()
         return batch.result
 
@@ -350,8 +351,9 @@ class Store:
             for waiter in waiters:
                 if not waiter.done():
                     waiter.set_result(None)
+        callbacks, batch.callbacks = batch.callbacks, []
         if batch.state == DONE:
-            for callback in batch.callbacks:
+            for callback in callbacks:
                 callback()
 
     def _queued_write_failed(self, exc: sqlite3.Error) -> None:
@@ -463,7 +465,7 @@ class Store:
 
     def append_event(self, type_: str, data: dict[str, Any], ts: datetime | None = None) -> Event:
         ts = ts or utcnow()
-        payload = json.dumps(data, separators=(",", ":"), default=str, allow_nan=False)
+        payload = encode_payload(data)
         event_id = self._next_event_id
         row = (event_id, type_, payload, isotime(ts))
         # Spent even if the insert is rolled back later: ids only ever go up.
@@ -474,15 +476,18 @@ class Store:
         event._nbytes = len(payload)
         return event
 
-    def append_events(self, type_: str, datas: list[dict[str, Any]]) -> list[Event]:
+    def append_events(
+        self, type_: str, datas: list[dict[str, Any]], *, payloads: list[str] | None = None
+    ) -> list[Event]:
         """Many events of one type, one timestamp, one statement (``executemany``): the
-        output pass's chunks. Call inside a transaction."""
+        output pass's chunks. Call inside a transaction. ``payloads``: the datas already
+        encoded (``encode_payload``, e.g. on a worker thread)."""
         ts = utcnow()
         stamp = isotime(ts)
         first = self._next_event_id
         events, rows = [], []
         for n, data in enumerate(datas):
-            payload = json.dumps(data, separators=(",", ":"), default=str, allow_nan=False)
+            payload = payloads[n] if payloads is not None else encode_payload(data)
             rows.append((first + n, type_, payload, stamp))
             event = Event(id=first + n, type=type_, data=data, ts=ts)
             event._json = payload
@@ -556,7 +561,10 @@ class Store:
 
     def save_tasks(self, tasks: Iterable[Task]) -> None:
         """Insert or replace tasks (call inside ``transaction()`` for many)."""
-        rows = [(t.id, t.status.value, t.model_dump_json()) for t in tasks]
+        self.save_task_rows(task_rows(tasks))
+
+    def save_task_rows(self, rows: list[tuple[str, str, str]]) -> None:
+        """``save_tasks`` with the rows already encoded (``task_rows``)."""
         self._write(
             lambda c: c.executemany(
                 "INSERT INTO tasks(id, status, doc) VALUES (?, ?, ?)"
@@ -902,6 +910,16 @@ def _store_error(exc: sqlite3.Error) -> StoreError:
                 code=code,
             )
     return StoreError(f"state database error: {exc}", code="store_error")
+
+
+def encode_payload(data: dict[str, Any]) -> str:
+    """An event's data as the log stores it (and streams send it)."""
+    return json.dumps(data, separators=(",", ":"), default=str, allow_nan=False)
+
+
+def task_rows(tasks: Iterable[Task]) -> list[tuple[str, str, str]]:
+    """Tasks as rows of the ``tasks`` table: ``(id, status, doc)``."""
+    return [(t.id, t.status.value, t.model_dump_json()) for t in tasks]
 
 
 def _split_sql(script: str) -> list[str]:

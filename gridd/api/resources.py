@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gridd.api.body import read_document
+from gridd.api.bulk import answered_big, validate_plan, wire_many
 from gridd.api.errors import query_flag, query_int, read_body, read_json, validate
 from gridd.api.paging import PAGE_QUERY, page_of, paged
 from gridd.api.spec import grid_of, table, wire
@@ -119,15 +120,19 @@ async def create_tasks(request: Request) -> Response:
     if single:
         specs = [validate(TaskSpec, data)]
     elif isinstance(data, list):
-        specs = validate(PlanSpec, {"tasks": data}, within="tasks").tasks
+        plan = await validate_plan({"tasks": data}, within="tasks")
+        specs = plan.tasks
+        del data, plan  # a big body's parsed form is not kept while the tasks are built
     else:
         problem = "the body must be a task object or a list of them"
         raise ValidationFailed(
             f"invalid request: {problem}",
             details={"problems": [{"field": "(body)", "problem": problem}]},
         )
-    created = grid_of(request).commands.create_tasks(specs)
-    return wire(created[0] if single else created, status=201)  # type: ignore[arg-type]
+    created = await grid_of(request).commands.create_tasks_yielding(specs)
+    if single:
+        return wire(created[0], status=201)
+    return await wire_many(list(created), status=201)
 
 
 @table.add("GET", "/tasks/{task_id}", summary="One task", response=Task)
@@ -235,7 +240,7 @@ async def _plan_body(request: Request) -> PlanSpec:
     data = await read_document(request, yaml_allowed=True)
     if data is None:
         raise BadRequest('request body required: {"tasks": [...]}', code="empty_body")
-    return validate(PlanSpec, normalise_plan(data))
+    return await validate_plan(normalise_plan(data))
 
 
 @table.add(
@@ -250,11 +255,11 @@ async def _plan_body(request: Request) -> PlanSpec:
 async def apply_plan(request: Request) -> Response:
     plan = await _plan_body(request)
     grid = grid_of(request)
-    created = grid.commands.create_tasks(plan.tasks)
+    created = await grid.commands.create_tasks_yielding(plan.tasks)
     ids = {t.id for t in created}
     waves = [[i for i in wave if i in ids] for wave in grid.commands.waves()]
     body = Waves(waves=[w for w in waves if w], statuses={t.id: t.status.value for t in created})
-    return wire(body, status=201)
+    return answered_big(wire(body, status=201), len(created))
 
 
 @table.add("GET", "/plan", summary="Waves (topological levels) of all tasks", response=Waves)

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from starlette.background import BackgroundTask
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gridd import memory
 from gridd.api.errors import validate, validation_details
@@ -106,14 +106,13 @@ async def _trim_soon() -> None:
     loop.call_later(TRIM_AFTER_SECONDS, loop.run_in_executor, None, memory.trim)
 
 
-async def wire_many(models: list[WireModel], *, status: int = 200) -> Response:
+def wire_many(models: list[WireModel], *, status: int = 200) -> Response:
     """``spec.wire`` for a list of any length. Past ``YIELD_ABOVE`` items the answer is
     streamed, ``CHUNK`` items encoded per send: the server sends each piece as the client
     takes it (no 30 MB copy waiting in the socket's buffer), the loop answers others between
     pieces, and the memory is handed back once the last is sent."""
     if len(models) <= YIELD_ABOVE:
-        body = json.dumps([m.wire() for m in models], separators=(",", ":")).encode()
-        return Response(body, status_code=status, media_type="application/json")
+        return JSONResponse([m.wire() for m in models], status_code=status)
     response = StreamingResponse(_pieces(models), status_code=status, media_type="application/json")
     return answered_big(response, len(models))
 
@@ -121,6 +120,7 @@ async def wire_many(models: list[WireModel], *, status: int = 200) -> Response:
 async def _pieces(models: list[WireModel]) -> AsyncIterator[bytes]:
     for start in range(0, len(models), CHUNK):
         await asyncio.sleep(0)  # a send that need not wait does not yield by itself
-        part = json.dumps([m.wire() for m in models[start : start + CHUNK]], separators=(",", ":"))
+        wires = [m.wire() for m in models[start : start + CHUNK]]
+        part = json.dumps(wires, ensure_ascii=False, separators=(",", ":"))  # as JSONResponse
         yield (("[" if start == 0 else ",") + part[1:-1]).encode()
     yield b"]"

@@ -132,7 +132,7 @@ async def create_tasks(request: Request) -> Response:
     created = await grid_of(request).commands.create_tasks_yielding(specs)
     if single:
         return wire(created[0], status=201)
-    return await wire_many(list(created), status=201)
+    return wire_many(list(created), status=201)
 
 
 @table.add("GET", "/tasks/{task_id}", summary="One task", response=Task)

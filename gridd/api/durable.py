@@ -19,6 +19,8 @@ from gridd.store import Store
 
 #: Methods that never change anything: answered without waiting for the store.
 READS = frozenset({"GET", "HEAD", "OPTIONS"})
+#: Requests that record nothing: a stop must be answered while the database is locked.
+UNRECORDED = frozenset({"/shutdown"})
 
 
 class DurableAnswers:
@@ -29,7 +31,7 @@ class DurableAnswers:
         self.store = store
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] in READS:
+        if scope["type"] != "http" or scope["method"] in READS or scope["path"] in UNRECORDED:
             await self.app(scope, receive, send)
             return
         store = self.store

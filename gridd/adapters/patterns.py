@@ -45,6 +45,7 @@ class PromptPattern:
     type: str
     subject: bool
     choices: tuple[Choice, ...]
+    numbered: bool = False  # the choices are the prompt's own "[1] a [2] b" (its group)
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,17 @@ def load_pack(name: str) -> Pack:
         raise ConfigError(f"pattern pack {name!r} is invalid: {exc}") from exc
 
 
+_NUMBERED = re.compile(r"\[(?P<n>[1-9])\] (?P<label>[^\[\]]*?[^\[\]\s])(?= \[[1-9]\] |$)")
+
+
 def _compile(item: dict[str, Any]) -> PromptPattern:
     regex = re.compile(item["regex"])
+    if item["options"] == "numbered":
+        if "choices" not in regex.groupindex or item["type"] not in QUESTION_TYPES:
+            raise ValueError(f"{item['id']}: numbered options need a 'choices' group")
+        return PromptPattern(
+            str(item["id"]), regex, item["type"], bool(item["subject"]), (), numbered=True
+        )
     choices = tuple(Choice(str(o["label"]), str(o["send"]), o.get("when")) for o in item["options"])
     for choice in choices:
         if choice.when is not None and choice.when not in regex.groupindex:
@@ -111,6 +121,7 @@ class PatternsAdapter(Adapter):
         self._previous = ""  # the last complete line: aider prints a prompt's subject there
         self._asked_line = -1  # stream offset of the waiting line already asked about
         self._counter = 0
+        self._numbered: dict[str, tuple[Choice, ...]] = {}  # ask key -> its own choices
         self._beats = HeartbeatAdapter(name="patterns")
 
     def initial_input(self, prompt: str) -> str | None:
@@ -138,7 +149,9 @@ class PatternsAdapter(Adapter):
         pattern = self._by_id.get(str(ask.meta.get("pattern")))
         if pattern is None:
             return self._beats.encode_answer(ask, response)
-        offered = [c for c in pattern.choices if c.label in ask.options]
+        offered = self._numbered.get(ask.key) or tuple(
+            c for c in pattern.choices if c.label in ask.options
+        )
         choice = _resolve(tuple(offered), response)
         if choice is None:
             raise ValidationFailed(
@@ -173,11 +186,20 @@ class PatternsAdapter(Adapter):
             if match is None:
                 continue
             groups = pattern.regex.groupindex
-            question = match["question"].strip() if "question" in groups else prompt.strip()
+            asked = match["question"] if "question" in groups else prompt
+            question = (asked or "").strip()
             subject = self._previous if pattern.subject else ""
             if subject:
                 question = f"{question} ({subject})"
-            choices = [c for c in pattern.choices if c.when is None or match[c.when] is not None]
+            if pattern.numbered:
+                choices = _numbered(match["choices"])
+                if choices is None:
+                    continue
+            else:
+                choices = [
+                    c for c in pattern.choices if c.when is None or match[c.when] is not None
+                ]
+            question = question or "Choose one"
             self._counter += 1
             meta = {
                 "pattern": pattern.id,
@@ -189,8 +211,20 @@ class PatternsAdapter(Adapter):
                 "aliases": {c.send.strip(): c.label for c in choices if c.send.strip()},
             }
             labels = [c.label for c in choices]
+            if pattern.numbered:
+                self._numbered[f"p{self._counter}"] = tuple(choices)
             return Ask(f"p{self._counter}", pattern.type, question, labels, meta)
         return None
+
+
+def _numbered(text: str) -> list[Choice] | None:
+    """``[1] red [2] blue``'s choices (answered "1", "2"), or None unless they are numbered
+    from 1 in order with distinct words."""
+    found = [(int(m["n"]), m["label"].strip()) for m in _NUMBERED.finditer(text)]
+    labels = [label for _, label in found]
+    if [n for n, _ in found] != list(range(1, len(found) + 1)) or len(set(labels)) != len(labels):
+        return None
+    return [Choice(label, f"{n}\n") for n, label in found]
 
 
 def _resolve(choices: tuple[Choice, ...], response: str) -> Choice | None:

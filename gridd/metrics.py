@@ -87,6 +87,8 @@ EVENT_COUNTERS = {
         "gridd_merge_check_failures_total",
         "Merges whose check command failed",
     ),
+    "merge.batch_started": ("gridd_merge_gate_runs_total", "Merge train candidates gated"),
+    "merge.batch_failed": ("gridd_merge_gate_failures_total", "Merge train candidates that failed"),
     "task.rejected": ("gridd_task_rejections_total", "Reviews sent back to their agent"),
     "conflict.detected": ("gridd_conflicts_detected_total", "Predicted conflicts between tasks"),
 }

@@ -169,6 +169,9 @@ def test_twelve_good_tasks_land_after_one_gate_run_each_with_its_own_merge_commi
         assert passed == [
             {"batchId": started[0]["batchId"], "tasks": ids, "candidate": head, "retried": False}
         ]
+        metrics = c.get_text("/metrics")
+        assert "gridd_merge_gate_runs_total 1.0" in metrics
+        assert "gridd_merges_total 12.0" in metrics
 
 
 # -- finding the culprit --------------------------------------------------------------------------

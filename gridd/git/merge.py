@@ -452,7 +452,7 @@ class MergeQueue:
                     self.state.update_task(task.id, merge_commit=commit)
                 await self.pause.wait()
                 again = await self._land(
-                    [(self.state.tasks[t.id], c) for t, c in rides], feature=feature, tip=tip
+                    [(self.state.tasks.get(t.id, t), c) for t, c in rides], feature=feature, tip=tip
                 )
                 self._clear_merge_commits(rides)
                 if again:  # the user committed to F: merged again on top of their work

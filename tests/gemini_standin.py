@@ -12,6 +12,7 @@ alone. Every request is recorded (``requests``: path and body).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -37,6 +38,8 @@ class Turn:
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     body: dict[str, Any] = field(default_factory=dict)
+    #: Hold the response back until the test releases this event (or 30 s pass).
+    gate: threading.Event | None = None
     prompt_tokens: int = 1000
     output_tokens: int = 50
 
@@ -168,6 +171,8 @@ class StandIn:
         if method == "countTokens":
             return web.json_response({"totalTokens": 42})
         turn = self._next(request.path, body)
+        if turn.gate is not None:
+            await asyncio.get_running_loop().run_in_executor(None, turn.gate.wait, 30.0)
         if turn.status >= 400:
             return web.json_response(turn.body, status=turn.status, headers=turn.headers)
         payload = self._response(turn, model)

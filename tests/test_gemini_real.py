@@ -2,7 +2,8 @@
 daemon against a loopback stand-in of the Gemini API (tests/gemini_standin.py): a task's
 file write reaches review with its cost, a command's output reaches the model while gridd
 shows the command, an error fails the task with its message, and a quota error with a
-retry delay parks the task to it and resumes the same gemini session.
+retry delay parks the task to it and resumes the same gemini session, and a run outlives a
+daemon killed with SIGKILL.
 
 The CLI needs ``selectedType = "gemini-api-key"`` in its settings.json (else exit 41) and a
 trusted folder (the profile's ``--skip-trust``).
@@ -11,6 +12,7 @@ trusted folder (the profile's ``--skip-trust``).
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +21,7 @@ import pytest
 from gridd.adapters.prices import PRICES
 from gridd.client import GridClient
 from gridd.settings import GEMINI_STREAM_ARGS
-from tests.gemini_standin import MODEL, StandIn, call, error, quota, standin
+from tests.gemini_standin import MODEL, StandIn, Turn, call, error, quota, standin
 from tests.helpers import (
     core_daemon,
     event_log,
@@ -168,3 +170,36 @@ def test_a_quota_error_is_parked_to_its_retry_delay_and_resumes_the_same_session
         assert second["sessionId"] == first["sessionId"]
         assert "do the task" in api.user_texts()  # the first prompt is still in the session
         assert git_show(repo, "grid/limited:first.txt") == "first\n"
+
+
+def test_a_daemon_killed_mid_run_reattaches_gemini_and_loses_none_of_its_output(
+    repo: Path, tmp_path: Path, api: StandIn
+) -> None:
+    setup(repo, tmp_path, api)
+    worktree = repo / ".grid" / "worktrees" / "crash"
+    gate = threading.Event()
+    api.push(
+        call("write_file", {"file_path": str(worktree / "kept.txt"), "content": "kept\n"}),
+        Turn(text="Wrote kept.txt after the restart.", gate=gate),
+    )
+    with core_daemon(repo) as first:
+        c = first.client()
+        start(c, "crash")
+        api.wait_turns(2, timeout=90)  # the write is done; gemini waits for the model
+        before = agent_of(c, "crash")
+        first.kill9()
+        gate.set()  # gemini goes on while no daemon runs
+        with core_daemon(repo) as second:
+            c2 = second.client()
+            wait_task_status(c2, "crash", "review", timeout=90)
+            assert git_show(repo, "grid/crash:kept.txt") == "kept\n"
+            agent = agent_of(c2, "crash")
+            assert agent["id"] == before["id"] and agent["exitCode"] == 0
+            assert agent["result"] == "Wrote kept.txt after the restart."
+            assert agent["sessionId"] == before["sessionId"]
+            assert (agent["inputTokens"], agent["outputTokens"]) == (2000, 100)
+            price = PRICES["gemini-2.5-pro"]
+            expected = (2000 * price.input + 100 * price.output) / 1_000_000
+            assert agent["costUsd"] == pytest.approx(expected)
+            assert c2.get("/tasks/crash")["costUsd"] == pytest.approx(expected)
+            assert len(event_log(c2, types={"agent.spawned"})) == 1

@@ -1,8 +1,8 @@
 """The real opencode CLI (pinned, installed by tests/tools/install-opencode.sh) run by the
 real daemon against a loopback Anthropic Messages API stand-in (tests/anthropic_standin.py,
 opencode's bundled ``anthropic`` provider with its ``baseURL`` in the config): a task's file
-write reaches review with opencode's own cost, a command's output reaches the model, and an
-error fails the task with its message.
+write reaches review with opencode's own cost, a command's output reaches the model, an
+error fails the task with its message, and a run outlives a daemon killed with SIGKILL.
 
 opencode takes its directory from ``$PWD``: the profile passes ``--dir {worktree}``, and
 these tests check that the write lands in the task's worktree, not in the repository.
@@ -11,6 +11,7 @@ these tests check that the write lands in the task's worktree, not in the reposi
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 
 from gridd.client import GridClient
 from gridd.settings import OPENCODE_RUN_ARGS
-from tests.anthropic_standin import StandIn, error, standin, tool
+from tests.anthropic_standin import StandIn, Turn, error, standin, tool
 from tests.helpers import core_daemon, event_log, git_show, wait_task_status, write_core_config
 from tests.real_cli import ROOT, agent_of, spec_argv
 
@@ -139,3 +140,35 @@ def test_an_error_fails_the_task_with_the_api_message_as_context(
         [failed] = event_log(c, types={"agent.failed"})
         failure = Path(str(failed.data["failureFile"])).read_text()
         assert "the stand-in refuses this request" in failure
+
+
+def test_a_daemon_killed_mid_run_reattaches_opencode_and_loses_none_of_its_output(
+    repo: Path, tmp_path: Path, api: StandIn
+) -> None:
+    setup(repo, tmp_path, api)
+    worktree = repo / ".grid" / "worktrees" / "crash"
+    gate = threading.Event()
+    api.push(
+        tool("write", {"filePath": str(worktree / "kept.txt"), "content": "kept\n"}),
+        Turn(text="Wrote kept.txt after the restart.", gate=gate),
+    )
+    with core_daemon(repo) as first:
+        c = first.client()
+        start(c, "crash")
+        api.wait_turns(2, timeout=120)  # the write is done; opencode waits for the model
+        before = agent_of(c, "crash")
+        first.kill9()
+        gate.set()  # opencode goes on while no daemon runs
+        with core_daemon(repo) as second:
+            c2 = second.client()
+            wait_task_status(c2, "crash", "review", timeout=90)
+            assert git_show(repo, "grid/crash:kept.txt") == "kept\n"
+            agent = agent_of(c2, "crash")
+            assert agent["id"] == before["id"] and agent["exitCode"] == 0
+            assert agent["result"] == "Wrote kept.txt after the restart."
+            # Both steps counted once: tokens and opencode's own cost.
+            assert (agent["inputTokens"], agent["outputTokens"]) == (50, 24)
+            expected = 2 * (25 * 3 + 12 * 15) / 1_000_000
+            assert agent["costUsd"] == pytest.approx(expected)
+            assert c2.get("/tasks/crash")["costUsd"] == pytest.approx(expected)
+            assert len(event_log(c2, types={"agent.spawned"})) == 1

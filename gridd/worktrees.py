@@ -68,10 +68,36 @@ class GitTimeout(GitError):
 TERM_GRACE_SECONDS = 2.0
 
 
+def pinned_git_dir(cwd: Path) -> dict[str, str]:
+    """``GIT_DIR`` and ``GIT_WORK_TREE`` for git run in a task's worktree
+    (``<root>/.grid/worktrees/<name>``): its administrative directory under
+    ``<root>/.git/worktrees/``, found from that side, whose ``gitdir`` file names the
+    worktree. Never from the worktree's own ``.git`` file: that lies in what the agent
+    writes, and one pointed at a repository of the agent's making would have gridd's git
+    run that repository's config (``core.fsmonitor``, hooks) outside any sandbox. Empty
+    for any other directory (git then finds its repository as usual)."""
+    if cwd.parent.name != "worktrees" or cwd.parent.parent.name != ".grid":
+        return {}
+    admin = cwd.parent.parent.parent / ".git" / "worktrees"
+    wanted = os.path.join(os.path.realpath(cwd), ".git")
+    try:
+        names = sorted(os.listdir(admin), key=lambda n: n != cwd.name)  # its own name first
+    except OSError:
+        return {}
+    for name in names:
+        try:
+            named = (admin / name / "gitdir").read_text().strip()
+        except OSError:
+            continue
+        if os.path.join(os.path.realpath(os.path.dirname(named)), ".git") == wanted:
+            return {"GIT_DIR": str(admin / name), "GIT_WORK_TREE": str(cwd)}
+    return {}
+
+
 async def _run(
     cwd: Path, argv: tuple[str, ...], *, check: bool, timeout: float | None = None
 ) -> GitResult:
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", **pinned_git_dir(cwd)}
     proc = await asyncio.create_subprocess_exec(
         *argv,
         cwd=str(cwd),

@@ -318,3 +318,36 @@ def test_a_writable_path_holding_a_hidden_one_is_refused(tmp_path: Path) -> None
         )
     assert refused.value.code == "sandbox_invalid"
     assert f"{home} holds the hidden path {home / '.ssh'}" in refused.value.message
+
+
+@pytest.mark.parametrize("mode", ["workspace", "off"])
+def test_gridds_own_git_never_follows_a_worktree_git_file_the_agent_rewrote(
+    repo: Path, outside: Path, mode: str
+) -> None:
+    """The worktree's ``.git`` file lies in what the agent writes: one pointed at a
+    repository the agent made, whose config runs a hook, must not make gridd's git (the
+    finish, the radar) run that hook outside the sandbox: gridd's git there is pinned to
+    the worktree's own git directory. The finish then refuses the tampered worktree."""
+    marker = outside / "hook-ran"
+    write_core_config(
+        repo,
+        agents={
+            "swap": {
+                "command": agent_command("gitfile_swap.py", str(marker), "4"),
+                "sandbox": {"mode": mode},
+            }
+        },
+        scheduler={"default_agent": "swap"},
+    )
+    with (repo / ".grid" / "config.toml").open("a") as config:
+        config.write("\n[merge]\nradar_seconds = 0.3\n")
+    main_before = git_show(repo, "main:README.md")
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        c.post("/tasks", {"id": "swap", "title": "swap", "maxAttempts": 1})
+        c.post("/session/start", {"maxAgents": 1})
+        blocked = wait_task_status(c, "swap", "blocked", timeout=60)
+    assert "no longer the worktree gridd made" in str(blocked["error"]), blocked
+    assert not marker.exists(), "gridd's git ran the agent's hook"
+    assert git_show(repo, "main:README.md") == main_before
+    assert git_show(repo, "main:work.txt") is None

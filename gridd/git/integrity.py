@@ -128,6 +128,19 @@ async def _common_dir(root: Path) -> Path:
     return Path(res.out.strip()).resolve()
 
 
+def _gitfile_target(path: Path) -> Path | None:
+    """The git directory the worktree's ``.git`` file names (None: no such file). gridd's
+    own git calls there never follow it (``worktrees.pinned_git_dir``), so git's answer above
+    is the worktree gridd made; a ``.git`` naming anything else says the run rewrote it."""
+    try:
+        text = (path / ".git").read_text(errors="replace")
+    except OSError:  # gone, or a directory
+        return None
+    if not text.startswith("gitdir: "):
+        return None
+    return (path / text[len("gitdir: ") :].strip()).resolve()
+
+
 async def own_worktree(root: Path, path: Path) -> Path:
     """Refuse (``ForeignWorktree``) unless ``path`` is still a linked worktree of ``root``'s
     repository, with a git directory of its own that names ``path`` as its worktree.
@@ -164,8 +177,11 @@ async def own_worktree(root: Path, path: Path) -> Path:
                 back = Path((git_dir / "gitdir").read_text().strip()).resolve()
             except OSError:
                 back = None
+            named = _gitfile_target(path)
             if back != (path / ".git").resolve():
                 problem = f"its git directory {git_dir} belongs to another worktree ({back})"
+            elif named != git_dir:
+                problem = f"its .git names {named or 'no git directory'}, not {git_dir}"
             else:
                 return git_dir
     raise ForeignWorktree(

@@ -48,6 +48,14 @@ async function runUi(out) {
       return true;
     }, `the palette to run ${command}`, 45000, 300);
   };
+  /** The palette without pressing Escape first (Escape would hide the notification toasts). */
+  const paletteKeepingToasts = async (command) => {
+    await page.keyboard.press("F1");
+    await page.locator(".quick-input-widget input").waitFor({ timeout: 8000 });
+    await page.keyboard.type(command);
+    await page.locator(".quick-input-list .monaco-list-row", { hasText: command.replace(/^Gridd: /, "") }).first().waitFor({ timeout: 8000 });
+    await page.keyboard.press("Enter");
+  };
   const choose = async (label) => {
     const input = page.locator(".quick-input-widget input");
     await input.fill(label);
@@ -91,8 +99,11 @@ async function runUi(out) {
     });
 
     await run.step("starting a session from the palette starts agents", async () => {
-      await palette("Gridd: Start Session", "main");
-      await choose("New feature branch");
+      await palette("Gridd: Start Session", "New branch feature/session-");
+      // Proposed: a new branch, never the checked-out one (gridd refuses it).
+      const first = await page.locator(".quick-input-list .monaco-list-row").first().innerText();
+      if (!/New branch feature\/session-/.test(first) || /\bmain\b/.test(first)) throw new Error(`first choice: ${first}`);
+      await choose("Another new branch");
       const input = page.locator(".quick-input-widget input");
       await input.fill("feat-e2e");
       await page.keyboard.press("Enter");
@@ -115,6 +126,28 @@ async function runUi(out) {
       }, "the output channel to show the agent's output", 20000, 500);
     });
 
+    await run.step("Stop Session and Cancel Task ask first, saying what they stop", async () => {
+      await view.getByText("Which color?").first().waitFor({ timeout: 15000 }); // its agent waits on a question
+      const dialog = page.locator(".monaco-dialog-box");
+      await paletteKeepingToasts("Gridd: Stop Session");
+      await dialog.waitFor({ timeout: 10000 });
+      let text = await dialog.innerText();
+      if (!/Stop the gridd session\?/.test(text) || !/This stops 1 running agent and 1 question waiting for an answer/.test(text)) throw new Error(`dialog: ${text}`);
+      await page.screenshot({ path: path.join(out, "stop-session-confirm.png") });
+      await dialog.getByRole("button", { name: "Cancel", exact: true }).click();
+      await dialog.waitFor({ state: "hidden", timeout: 5000 });
+      await paletteKeepingToasts("Gridd: Cancel Task");
+      await choose("ask");
+      await dialog.waitFor({ timeout: 10000 });
+      text = await dialog.innerText();
+      if (!/This stops 1 running agent, drops 1 waiting question, leaves 1 dependent task waiting on it/.test(text)) throw new Error(`dialog: ${text}`);
+      await page.screenshot({ path: path.join(out, "cancel-task-confirm.png") });
+      await dialog.getByRole("button", { name: "Cancel", exact: true }).click();
+      await dialog.waitFor({ state: "hidden", timeout: 5000 });
+      const s = await api(sock, "GET", "/state");
+      if (!s.session.started || s.tasks.find((t) => t.id === "ask").status !== "working") throw new Error("stopped or cancelled without a yes");
+    });
+
     await run.step("a question answered from the notification reaches the agent", async () => {
       const toast = page.locator(".notification-toast", { hasText: "Which color?" }).first();
       await toast.waitFor({ timeout: 20000 });
@@ -127,6 +160,11 @@ async function runUi(out) {
       const text = fs.readFileSync(path.resolve(repo, wt, "answer.txt"), "utf8");
       if (text.trim() !== "blue") throw new Error(`the agent wrote ${JSON.stringify(text)}`);
       await view.getByText("ask: review").waitFor({ timeout: 10000 });
+    });
+
+    await run.step("a task reaching review is announced and counted in the badge", async () => {
+      await page.locator(".notification-toast", { hasText: "Ask about colors (ask) is ready for review" }).first().waitFor({ timeout: 15000 });
+      await page.locator('.activitybar [aria-label^="Gridd"] .badge-content', { hasText: "1" }).first().waitFor({ timeout: 10000 });
     });
 
     await run.step("the diff opens in the diff editor", async () => {
@@ -163,6 +201,25 @@ async function runUi(out) {
       return undefined;
     });
 
+    await run.step("Answer... takes typed text for a question with options", async () => {
+      await api(sock, "POST", "/tasks", { id: "ask4", title: "Ask once more", agent: "asker" });
+      await api(sock, "POST", "/tasks/ask4/start");
+      const toast = page.locator(".notification-toast", { hasText: "(ask4) asks: Which color?" }).first();
+      await toast.waitFor({ timeout: 20000 });
+      await toast.getByRole("button", { name: "Answer…", exact: true }).click();
+      const input = page.locator(".quick-input-widget input");
+      await input.waitFor({ timeout: 5000 });
+      await input.fill("teal, please");
+      await page.locator(".quick-input-list .monaco-list-row", { hasText: "your answer" }).first().waitFor({ timeout: 5000 });
+      await page.screenshot({ path: path.join(out, "free-text-answer.png") });
+      await page.keyboard.press("Enter");
+      // The typed text reached gridd: this heartbeat question takes only its options, and says so.
+      await page.locator(".notification-toast", { hasText: "is not one of the offered options" }).first().waitFor({ timeout: 15000 });
+      const q = (await api(sock, "GET", "/questions")).find((x) => x.taskId === "ask4");
+      await api(sock, "POST", `/questions/${q.id}/answer`, { response: "red" });
+      await waitFor(async () => !(await view.getByText("ask4 · red / blue").first().isVisible()), "ask4's question to leave the view", 10000);
+    });
+
     await run.step("a question answered elsewhere leaves the views and its toast", async () => {
       await api(sock, "POST", "/tasks", { id: "ask3", title: "Ask again", agent: "asker" });
       await api(sock, "POST", "/tasks/ask3/start");
@@ -186,6 +243,18 @@ async function runUi(out) {
       await api(sock, "POST", "/tasks", { id: "after", title: "Created after the restart" });
       await view.getByText("after: ready").waitFor({ timeout: 20000 });
       await waitFor(async () => !(await view.getByText("not connected").first().isVisible()), "'not connected' to go away", 10000);
+    });
+
+    await run.step("a clean daemon stop says stopped, does not retry, and reconnects when started", async () => {
+      await call(sock, "POST", "/session/stop?force=1");
+      await gridd.stop();
+      await view.getByText("gridd was stopped. Nothing is retried").first().waitFor({ timeout: 15000 });
+      await view.getByText("Start gridd").first().waitFor({ timeout: 5000 });
+      await sleep(2000); // still stopped, not "reconnecting"
+      if (await view.getByText("reconnecting").first().isVisible()) throw new Error("it retries after a clean stop");
+      await page.screenshot({ path: path.join(out, "daemon-stopped.png") });
+      await gridd.start();
+      await waitFor(async () => !(await view.getByText("gridd was stopped").first().isVisible()), "the stopped banner to go", 20000);
     });
   } finally {
     console.log(run.summary() ? "ui: ok" : "ui: FAILED");

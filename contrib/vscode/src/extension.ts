@@ -14,8 +14,9 @@ import type { FolderConnection } from "./ext/connection";
 import { GitContentProvider, SCHEME } from "./ext/diff";
 import { Connections } from "./ext/manager";
 import { QuestionPrompter } from "./ext/questions";
+import { ReviewNotifier } from "./ext/reviewing";
 import { StatusItem } from "./ext/statusbar";
-import { GriddTree, buildAgents, buildMerges, buildQuestions, buildSession, buildTasks, hasMerges, type Node } from "./ext/views";
+import { GriddTree, bannerText, buildAgents, buildMerges, buildQuestions, buildSession, buildTasks, hasMerges, type Node } from "./ext/views";
 
 export interface GriddApi {
   readonly connections: () => FolderConnection[];
@@ -27,8 +28,9 @@ export function activate(ctx: vscode.ExtensionContext): GriddApi {
   const conns = new Connections(log);
   const outputs = new AgentOutputs();
   const prompter = new QuestionPrompter();
+  const reviews = new ReviewNotifier();
   const status = new StatusItem(conns);
-  ctx.subscriptions.push(log, conns, outputs, prompter, status);
+  ctx.subscriptions.push(log, conns, outputs, prompter, reviews, status);
   ctx.subscriptions.push(vscode.workspace.registerTextDocumentContentProvider(SCHEME, new GitContentProvider()));
 
   const trees: Array<[string, GriddTree, vscode.TreeView<Node>]> = [];
@@ -39,7 +41,7 @@ export function activate(ctx: vscode.ExtensionContext): GriddApi {
     ctx.subscriptions.push(tv);
     return tv;
   };
-  view("gridd.session", buildSession);
+  const sessionView = view("gridd.session", buildSession);
   view("gridd.tasks", buildTasks);
   view("gridd.agents", buildAgents);
   const questionsView = view("gridd.questions", buildQuestions);
@@ -48,16 +50,19 @@ export function activate(ctx: vscode.ExtensionContext): GriddApi {
   let pending: NodeJS.Timeout | undefined;
   const render = (): void => {
     pending = undefined;
-    for (const [, tree, tv] of trees) {
-      tree.refresh();
-      const down = conns.all.filter((c) => !c.connected && (c.everConnected || c.socketExists()));
-      tv.message = down.length ? `gridd: not connected (${down.map((c) => c.name).join(", ")}); reconnecting…` : undefined;
-    }
-    const questions = conns.all.reduce((n, c) => n + c.state.pendingQuestions.length, 0);
-    questionsView.badge = questions ? { value: questions, tooltip: `${questions} pending question(s)` } : undefined;
+    for (const [, tree] of trees) tree.refresh();
+    // One banner for the link's state, at the top of the container (the Session view).
+    sessionView.message = bannerText(conns);
+    const questions = conns.all.reduce((n, c) => n + (c.connected ? c.state.pendingQuestions.length : 0), 0);
+    const inReview = conns.all.reduce((n, c) => n + (c.connected ? c.state.tasks.filter((t) => t.status === "review").length : 0), 0);
+    const waiting = questions + inReview;
+    questionsView.badge = waiting ? { value: waiting, tooltip: `gridd: ${questions} question(s) waiting for an answer, ${inReview} task(s) in review` } : undefined;
     void vscode.commands.executeCommand("setContext", "gridd.hasMerges", hasMerges(conns));
     status.update();
-    for (const c of conns.all) prompter.sync(c);
+    for (const c of conns.all) {
+      prompter.sync(c);
+      reviews.sync(c);
+    }
   };
   // Output events can arrive by the thousand: coalesce renders to one per 100 ms.
   conns.onDidChange(() => {
@@ -65,6 +70,7 @@ export function activate(ctx: vscode.ExtensionContext): GriddApi {
   });
   const warned = new Set<FolderConnection>();
   conns.onDidAdd((conn) => {
+    conn.onEvent((e) => reviews.onEvent(conn, e));
     conn.onLink((state) => {
       if (state === "connected" && conn.skew === undefined) warned.delete(conn);
     });

@@ -117,6 +117,13 @@ function explainGridd(e: GriddError): Explained {
         severity: "warning",
         action: { label: "Stop Session", command: "gridd.stopSession" },
       };
+    case "worktree_dirty": {
+      const files = Array.isArray(e.details["files"]) ? (e.details["files"] as unknown[]).map(String) : [];
+      return {
+        message: `${msg}${files.length ? ` (${files.join(", ")})` : ""} This daemon refuses uncommitted review edits ([merge] review_edits = "refuse"): commit or discard them in the task's worktree, then approve again.`,
+        severity: "warning",
+      };
+    }
     case "agent_not_listening":
       return { message: `${msg} This agent's profile has stdin = "null"; it cannot take input.`, severity: "warning" };
     case "stdin_full":

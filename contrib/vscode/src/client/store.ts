@@ -7,6 +7,7 @@
  * it is at least as new as what was already applied, so a slow answer never rolls back.
  */
 
+import type { Settled } from "./review";
 import type { Agent, GriddEvent, Question, RepoState, Task } from "./types";
 import { emptyState } from "./types";
 
@@ -18,6 +19,8 @@ export class RepoStore {
   appliedId = -1;
   /** True once a snapshot (from the stream or /state) has been applied. */
   loaded = false;
+  /** How questions stopped being pending (answered, or closed and why), by question id. */
+  readonly settled = new Map<string, Settled>();
 
   /** Replace everything with a full RepoState if it is not older than what we hold. */
   accept(state: RepoState): boolean {
@@ -112,6 +115,7 @@ export class RepoStore {
       case "question.answered":
       case "question.closed": {
         const id = str(d["questionId"]);
+        if (id) this.settled.set(id, event.type === "question.answered" ? { how: "answered" } : { how: "closed", reason: str(d["reason"]) });
         const before = s.pendingQuestions.length;
         s.pendingQuestions = s.pendingQuestions.filter((q) => q.id !== id);
         const agent = this.agent(str(d["agentId"]));
@@ -130,6 +134,9 @@ export class RepoStore {
       default:
         if (AGENT_GONE.has(event.type)) {
           const id = str(d["agentId"]);
+          for (const q of s.pendingQuestions) {
+            if (q.agentId === id && !this.settled.has(q.id)) this.settled.set(q.id, { how: "closed", reason: "its agent ended" });
+          }
           s.agents = s.agents.filter((a) => a.id !== id);
           s.pendingQuestions = s.pendingQuestions.filter((q) => q.agentId !== id);
           return true;

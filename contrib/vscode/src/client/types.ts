@@ -24,6 +24,10 @@ export interface Task {
   waitingSince?: string | null;
   changedFiles?: string[];
   mergeConflict?: string[];
+  /** Files git still saw a conflict in, or that the merge refused for conflict markers. */
+  conflictUnresolved?: string[];
+  /** A cancelled task's completed work, kept on this branch. */
+  keptBranch?: string | null;
   baseCommit?: string | null;
   updatedAt?: string;
   [key: string]: unknown;

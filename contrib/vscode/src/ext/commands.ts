@@ -19,7 +19,9 @@ import { pickAndOpenDiff } from "./diff";
 import { guarded } from "./feedback";
 import { branches } from "./git";
 import type { Connections } from "./manager";
+import { cancelImpact, conflictFiles, proposeBranch, reviewEditsNote, stopSessionImpact } from "../client/review";
 import { answerQuestion, askFreeText } from "./questions";
+import { reviewEdits } from "./reviewing";
 import type { Node } from "./views";
 
 /** What a command may be handed instead of a tree node. */
@@ -30,6 +32,8 @@ export interface Target {
   questionId?: string;
   branch?: string;
   feedback?: string;
+  /** Skip the confirmation (other extensions, tests that already confirmed). */
+  confirmed?: boolean;
   text?: string;
   file?: string;
   title?: string;
@@ -120,7 +124,7 @@ export function registerCommands(ctx: vscode.ExtensionContext, conns: Connection
     const targets = arg ? [await connOf(arg)] : conns.all;
     for (const c of targets) {
       if (!c) continue;
-      c.reconnectNow();
+      c.wake();
       await c.refresh();
     }
   });
@@ -143,11 +147,18 @@ export function registerCommands(ctx: vscode.ExtensionContext, conns: Connection
     if (!conn) return undefined;
     let branch = targetOf(arg).branch;
     if (branch === undefined) {
-      const known = await branches(conn.root).catch(() => [] as string[]);
-      const NEW = "$(add) New feature branch…";
-      const picked = await vscode.window.showQuickPick([...known, NEW], { placeHolder: "Feature branch the tasks merge into", title: "Gridd: Start Session" });
+      // gridd refuses the checked-out branch: propose a new one, offer the others.
+      const [current, ...others] = await branches(conn.root).catch(() => [] as string[]);
+      const proposed = proposeBranch(current === undefined ? others : [current, ...others]);
+      const NEW = `$(add) New branch ${proposed}`;
+      const OTHER = "$(edit) Another new branch…";
+      const items = [NEW, OTHER, ...others];
+      const picked = await vscode.window.showQuickPick(items, {
+        placeHolder: `Feature branch the tasks merge into (not ${current ?? "the checked-out branch"}: it is checked out)`,
+        title: "Gridd: Start Session",
+      });
       if (picked === undefined) return undefined;
-      branch = picked === NEW ? await vscode.window.showInputBox({ prompt: "New feature branch name", value: "feature/" }) : picked;
+      branch = picked === NEW ? proposed : picked === OTHER ? await vscode.window.showInputBox({ prompt: "New feature branch name", value: proposed }) : picked;
       if (!branch) return undefined;
     }
     return guarded(conn, () => conn.call("POST", "/session/start", { body: { featureBranch: branch } }));
@@ -155,6 +166,10 @@ export function registerCommands(ctx: vscode.ExtensionContext, conns: Connection
   reg("gridd.stopSession", async (arg) => {
     const conn = await connOf(arg);
     if (!conn) return undefined;
+    if (!targetOf(arg).confirmed) {
+      const ok = await vscode.window.showWarningMessage("Stop the gridd session?", { modal: true, detail: stopSessionImpact(conn.state) }, "Stop Session");
+      if (ok !== "Stop Session") return undefined;
+    }
     return guarded(conn, () => conn.call("POST", "/session/stop"));
   });
 
@@ -194,8 +209,38 @@ export function registerCommands(ctx: vscode.ExtensionContext, conns: Connection
   taskCall("gridd.startTask", ["ready", "pending", "failed", "blocked"], "start", "POST", "/start", "started");
   taskCall("gridd.retryTask", ["failed", "blocked"], "retry", "POST", "/start", "restarted");
   taskCall("gridd.stopTask", ["working"], "stop", "POST", "/stop", "stopped");
-  taskCall("gridd.cancelTask", undefined, "cancel", "DELETE", "", "cancelled");
-  taskCall("gridd.approveTask", ["review"], "approve", "POST", "/approve", "approved");
+  reg("gridd.cancelTask", async (arg) => {
+    const sel = await taskOf(arg, undefined, "cancel");
+    if (!sel) return undefined;
+    if (!targetOf(arg).confirmed) {
+      const ok = await vscode.window.showWarningMessage(`Cancel ${sel.task.id} (${sel.task.title})?`, { modal: true, detail: cancelImpact(sel.conn.state, sel.task.id) }, "Cancel Task");
+      if (ok !== "Cancel Task") return undefined;
+    }
+    const result = await guarded(sel.conn, () => sel.conn.call<Task>("DELETE", `/tasks/${encodeURIComponent(sel.task.id)}`));
+    if (result) vscode.window.setStatusBarMessage(`gridd: ${sel.task.id} cancelled`, 3000);
+    return result;
+  });
+  reg("gridd.approveTask", async (arg) => {
+    const sel = await taskOf(arg, ["review"], "approve");
+    if (!sel) return undefined;
+    const task = sel.conn.store.task(sel.task.id) ?? sel.task;
+    const files = conflictFiles(task);
+    const markers = Array.isArray(task.conflictUnresolved) ? task.conflictUnresolved : [];
+    const body: Record<string, unknown> = {};
+    if (files.length && !targetOf(arg).confirmed) {
+      const detail = [
+        markers.length ? `Conflict markers are still in ${markers.join(", ")}; approving lets them through to the feature branch.` : "",
+        task.mergeConflict?.length ? `Its merge conflicted in ${task.mergeConflict.join(", ")}.` : "",
+        reviewEditsNote(reviewEdits(sel.conn)),
+      ].filter(Boolean).join("\n\n");
+      const ok = await vscode.window.showWarningMessage(`${task.id} has unresolved conflicts in ${files.join(", ")}. Approve anyway?`, { modal: true, detail }, "Approve Anyway");
+      if (ok !== "Approve Anyway") return undefined;
+    }
+    if (markers.length) body["acceptMarkers"] = markers;
+    const result = await guarded(sel.conn, () => sel.conn.call<Task>("POST", `/tasks/${encodeURIComponent(task.id)}/approve`, Object.keys(body).length ? { body } : undefined));
+    if (result) vscode.window.setStatusBarMessage(`gridd: ${task.id} approved`, 3000);
+    return result;
+  });
   reg("gridd.rejectTask", async (arg) => {
     const sel = await taskOf(arg, ["review"], "reject");
     if (!sel) return undefined;

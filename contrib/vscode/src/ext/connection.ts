@@ -42,6 +42,10 @@ export class FolderConnection implements vscode.Disposable {
   readonly onLink = this.links.event;
   private refreshTimer: NodeJS.Timeout | undefined;
   private disposed = false;
+  /** The daemon said goodbye (`daemon.stopping`: a clean `gridctl daemon stop`); cleared when it answers again. */
+  stoppedOnPurpose = false;
+  /** While stopped on purpose: no reconnect attempts, only a look at the socket file until a new daemon makes one. */
+  private stoppedWatch: NodeJS.Timeout | undefined;
 
   constructor(
     readonly folder: vscode.WorkspaceFolder,
@@ -96,6 +100,33 @@ export class FolderConnection implements vscode.Disposable {
     this.follower.reconnectNow();
   }
 
+  /** After a clean stop: stop retrying; reconnect once a daemon makes its socket anew. */
+  private settleStopped(): void {
+    if (this.stoppedWatch || this.disposed) return;
+    const stamp = (): string => {
+      try {
+        const st = fs.statSync(this.transport.socketPath);
+        return `${st.ino}:${st.mtimeMs}`;
+      } catch {
+        return "";
+      }
+    };
+    const before = stamp();
+    this.follower.stop();
+    this.log.info(`${this.name}: gridd was stopped; not reconnecting until it is started again`);
+    this.stoppedWatch = setInterval(() => {
+      const now = stamp();
+      if (now && now !== before) this.wake();
+    }, 1_000);
+  }
+
+  /** Connect again (the daemon is back, or the user asked). */
+  wake(): void {
+    if (this.stoppedWatch) clearInterval(this.stoppedWatch);
+    this.stoppedWatch = undefined;
+    this.follower.reconnectNow();
+  }
+
   call<T = unknown>(method: string, urlPath: string, options?: CallOptions): Promise<T> {
     return this.transport.call<T>(method, urlPath, options);
   }
@@ -142,6 +173,7 @@ export class FolderConnection implements vscode.Disposable {
       this.receivedIds.push(event.id);
       if (this.receivedIds.length > 100_000) this.receivedIds.splice(0, 50_000);
     }
+    if (event.type === "daemon.stopping") this.stoppedOnPurpose = true;
     const visible = this.store.apply(event);
     this.events.fire(event);
     if (REFRESH_AFTER.test(event.type)) this.scheduleRefresh();
@@ -161,6 +193,7 @@ export class FolderConnection implements vscode.Disposable {
   private onLinkState(state: LinkState, error?: Error): void {
     if (state === "connected") {
       this.everConnected = true;
+      this.stoppedOnPurpose = false;
       this.offeredStart = false;
       this.log.info(`${this.name}: connected to gridd (resuming after event ${String(this.follower.lastId ?? "none")})`);
       void this.checkVersion();
@@ -168,7 +201,8 @@ export class FolderConnection implements vscode.Disposable {
     } else if (state === "disconnected") {
       // One line per attempt at debug level only: a restart is not an error storm.
       const why = error instanceof TransportError ? error.errno ?? error.message : error?.message ?? "stream ended";
-      this.log.debug(`${this.name}: not connected (${why}); retrying`);
+      if (this.stoppedOnPurpose) this.settleStopped();
+      else this.log.debug(`${this.name}: not connected (${why}); retrying`);
     }
     this.links.fire(state);
     this.changed.fire();
@@ -187,6 +221,7 @@ export class FolderConnection implements vscode.Disposable {
   dispose(): void {
     this.disposed = true;
     if (this.refreshTimer) clearTimeout(this.refreshTimer);
+    if (this.stoppedWatch) clearInterval(this.stoppedWatch);
     this.follower.stop();
     this.changed.dispose();
     this.events.dispose();

@@ -49,7 +49,7 @@ export function startDaemon(conn: FolderConnection, log: vscode.LogOutputChannel
         resolve(false);
         return;
       }
-      conn.reconnectNow();
+      conn.wake();
       resolve(true);
     });
   });

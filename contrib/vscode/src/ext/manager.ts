@@ -46,7 +46,7 @@ export class Connections implements vscode.Disposable {
         }
       });
       const watcher = vscode.workspace.createFileSystemWatcher(new vscode.RelativePattern(folder, ".grid/gridd.sock"));
-      watcher.onDidCreate(() => conn.reconnectNow());
+      watcher.onDidCreate(() => conn.wake());
       this.subscriptions.push(watcher);
       this.added.fire(conn);
       conn.start();

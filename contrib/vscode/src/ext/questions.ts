@@ -1,12 +1,14 @@
 /**
  * Questions from agents as notifications: the options are buttons, "Answer…" takes free
- * text. A question answered elsewhere (gridctl, another window) leaves the views at once
- * and its toast is hidden; a click on a stale toast says who was first instead of failing.
+ * text (the options offered as suggestions). A question answered or closed elsewhere
+ * (gridctl, another window, a stopped session) leaves the views at once and its toast is
+ * hidden; a click on a toast that stayed in the notification centre says the true reason.
  */
 
 import * as vscode from "vscode";
 
 import { explain } from "../client/errors";
+import { answerChoices, settledMessage } from "../client/review";
 import type { Question } from "../client/types";
 import type { FolderConnection } from "./connection";
 import { showError } from "./feedback";
@@ -33,14 +35,15 @@ export class QuestionPrompter implements vscode.Disposable {
         gone = true;
       }
     }
-    if (gone && ![...this.shown].length) void vscode.commands.executeCommand("notifications.hideToasts");
+    // Hide first, then prompt: a new question's toast must not be hidden with the stale ones.
+    const hidden = gone && ![...this.shown].length ? Promise.resolve(vscode.commands.executeCommand("notifications.hideToasts")).catch(() => undefined) : Promise.resolve();
     if (!this.enabled()) return;
     for (const q of conn.state.pendingQuestions) {
       const k = key(conn, q.id);
       if (this.prompted.has(k)) continue;
       this.prompted.add(k);
       this.shown.add(k);
-      void this.prompt(conn, q).finally(() => this.shown.delete(k));
+      void hidden.then(() => this.prompt(conn, q)).finally(() => this.shown.delete(k));
     }
   }
 
@@ -48,7 +51,7 @@ export class QuestionPrompter implements vscode.Disposable {
     const choice = await vscode.window.showInformationMessage(`${q.agentId} (${q.taskId}) asks: ${q.question}`, ...q.options, FREE_TEXT);
     if (choice === undefined) return;
     if (!conn.state.pendingQuestions.some((p) => p.id === q.id)) {
-      void vscode.window.showInformationMessage(`gridd: ${q.id} was already answered elsewhere.`);
+      void vscode.window.showInformationMessage(`gridd: ${settledMessage(q, conn.store.settled.get(q.id))}`);
       return;
     }
     const answer = choice === FREE_TEXT ? await askFreeText(q) : choice;
@@ -61,17 +64,42 @@ export class QuestionPrompter implements vscode.Disposable {
   }
 }
 
+/** Ask for an answer: free text always, the question's options offered as suggestions. */
 export async function askFreeText(q: Question): Promise<string | undefined> {
-  if (q.options.length) {
-    return vscode.window.showQuickPick(q.options, { title: q.question, placeHolder: `answer ${q.agentId}` });
+  if (!q.options.length) {
+    return vscode.window.showInputBox({ title: q.question, prompt: `answer ${q.agentId}`, ignoreFocusOut: true });
   }
-  return vscode.window.showInputBox({ title: q.question, prompt: `answer ${q.agentId}`, ignoreFocusOut: true });
+  const pick = vscode.window.createQuickPick();
+  pick.title = q.question;
+  pick.placeholder = `Type an answer for ${q.agentId}, or pick one of its options`;
+  pick.ignoreFocusOut = true;
+  const items = (typed: string): vscode.QuickPickItem[] =>
+    answerChoices(q.options, typed).map((label) => (q.options.includes(label) ? { label } : { label, description: "your answer" }));
+  pick.items = items("");
+  return new Promise<string | undefined>((resolve) => {
+    let done = false;
+    const finish = (value: string | undefined): void => {
+      if (done) return;
+      done = true;
+      resolve(value);
+      pick.dispose();
+    };
+    pick.onDidChangeValue((typed) => {
+      pick.items = items(typed);
+    });
+    pick.onDidAccept(() => {
+      const chosen = pick.selectedItems[0]?.label ?? pick.activeItems[0]?.label ?? pick.value.trim();
+      if (chosen) finish(chosen);
+    });
+    pick.onDidHide(() => finish(undefined));
+    pick.show();
+  });
 }
 
 export async function answerQuestion(conn: FolderConnection, q: Question, answer: string): Promise<boolean> {
   try {
     await conn.call("POST", `/questions/${encodeURIComponent(q.id)}/answer`, { body: { response: answer } });
-    vscode.window.setStatusBarMessage(`gridd: answered ${q.id}`, 3000);
+    vscode.window.setStatusBarMessage(`gridd: answered ${q.agentId}: “${answer}”`, 3000);
     return true;
   } catch (error) {
     void showError(explain(error), conn);

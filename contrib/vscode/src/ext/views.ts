@@ -4,11 +4,16 @@
  * than one repository in the workspace, each tree has one top-level node per folder.
  */
 
+import * as fs from "node:fs";
+import * as path from "node:path";
+
 import * as vscode from "vscode";
 
+import { conflictFiles, linkBanner, reviewEditsNote, type LinkBanner } from "../client/review";
 import type { Agent, Question, Task } from "../client/types";
 import type { FolderConnection } from "./connection";
 import type { Connections } from "./manager";
+import { reviewEdits } from "./reviewing";
 
 export type Node =
   | { kind: "folder"; conn: FolderConnection }
@@ -86,10 +91,15 @@ function render(node: Node): vscode.TreeItem {
     case "task": {
       const t = node.task;
       const item = new vscode.TreeItem(`${t.id}: ${t.status}`, vscode.TreeItemCollapsibleState.Collapsed);
-      item.description = taskDescription(t);
-      item.tooltip = new vscode.MarkdownString(`**${t.title}**\n\n${t.error ? `error: ${t.error}\n\n` : ""}${t.prompt ?? ""}`);
-      item.iconPath = new vscode.ThemeIcon(STATUS_ICON[t.status] ?? "circle");
-      item.contextValue = `task.${t.status}${t.worktree ? ".hasWorktree" : ""}`;
+      const conflicted = conflictFiles(t);
+      item.description = conflicted.length ? `unresolved conflict in ${conflicted.join(", ")} · ${taskDescription(t)}` : taskDescription(t);
+      const review = t.status === "review" ? `\n\n${reviewEditsNote(reviewEdits(node.conn))}` : "";
+      const marked = conflicted.length ? `\n\n$(warning) unresolved conflict in ${conflicted.join(", ")}: approving asks first` : "";
+      item.tooltip = new vscode.MarkdownString(`**${t.title}**\n\n${t.error ? `error: ${t.error}\n\n` : ""}${t.prompt ?? ""}${marked}${review}`, true);
+      item.iconPath = conflicted.length
+        ? new vscode.ThemeIcon("warning", new vscode.ThemeColor("list.warningForeground"))
+        : new vscode.ThemeIcon(STATUS_ICON[t.status] ?? "circle");
+      item.contextValue = `task.${t.status}${t.worktree ? ".hasWorktree" : ""}${conflicted.length ? ".conflicted" : ""}`;
       item.id = `${node.conn.folder.uri.toString()}#task:${t.id}`;
       return item;
     }
@@ -154,13 +164,70 @@ export function agentDescription(a: Agent): string {
   return parts.join(" · ");
 }
 
+function bannerOf(conn: FolderConnection): LinkBanner {
+  return linkBanner({
+    gitRepo: true,
+    connected: conn.connected,
+    everConnected: conn.everConnected,
+    socketExists: conn.socketExists(),
+    stoppedOnPurpose: conn.stoppedOnPurpose,
+    versionOk: !conn.skew || conn.skew.ok,
+  });
+}
+
+/** In the Session view, while disconnected: the one thing to do, as a row that does it. */
 function notConnected(conn: FolderConnection): Node[] {
-  if (conn.connected) return [];
+  const banner = bannerOf(conn);
   const start: vscode.Command = { title: "Start gridd", command: "gridd.startDaemon", arguments: [conn] };
-  if (!conn.everConnected && !conn.socketExists()) {
-    return [{ kind: "info", conn, label: "gridd is not running", description: "click to start", icon: "debug-start", command: start }];
+  if (banner === "not-running" || banner === "stopped") {
+    return [{ kind: "info", conn, label: "Start gridd", description: "gridctl daemon start", icon: "debug-start", command: start }];
   }
-  return [{ kind: "info", conn, label: "not connected", description: "retrying…", icon: "debug-disconnect", tooltip: "gridd is not answering on .grid/gridd.sock; the extension reconnects by itself" }];
+  return [];
+}
+
+/** The one banner for the link's state (or none when every folder is connected). */
+export function bannerText(conns: Connections): string | undefined {
+  const all = conns.all;
+  if (all.length === 0) return noRepoText();
+  const lines: string[] = [];
+  for (const conn of all) {
+    const who = all.length > 1 ? `gridd (${conn.name})` : "gridd";
+    switch (bannerOf(conn)) {
+      case "not-running":
+        lines.push(`${who} is not running in this repository. Start it: click Start gridd below, or run \`gridctl daemon start\`.`);
+        break;
+      case "stopped":
+        lines.push(`${who} was stopped. Nothing is retried until it is started again: click Start gridd below, or run \`gridctl daemon start\`.`);
+        break;
+      case "connecting":
+        lines.push(conn.everConnected ? `${who}: not connected; reconnecting… (the daemon is not answering on .grid/gridd.sock)` : `${who}: connecting…`);
+        break;
+      case "version-mismatch":
+        lines.push(`${who}: version mismatch: ${conn.skew?.message ?? ""}`);
+        break;
+      default:
+        break;
+    }
+  }
+  return lines.length ? lines.join("\n") : undefined;
+}
+
+function noRepoText(): string | undefined {
+  const folders = vscode.workspace.workspaceFolders ?? [];
+  if (folders.length === 0) return "Open a folder that holds a git repository: gridd runs one daemon per repository.";
+  const first = folders[0];
+  const above = first ? repoAbove(first.uri.fsPath) : undefined;
+  if (above) return `This folder is inside the git repository ${above}. gridd works on a whole repository: open ${above} itself.`;
+  return "This folder is not a git repository. gridd runs agents in git worktrees: open a repository's root folder, or run `git init` here and commit once.";
+}
+
+function repoAbove(dir: string): string | undefined {
+  let d = path.dirname(dir);
+  while (d !== path.dirname(d)) {
+    if (fs.existsSync(path.join(d, ".git"))) return d;
+    d = path.dirname(d);
+  }
+  return undefined;
 }
 
 export const buildSession: Build = (conn) => {
@@ -186,7 +253,7 @@ export const buildSession: Build = (conn) => {
 };
 
 export const buildTasks: Build = (conn) => {
-  const out = notConnected(conn);
+  const out: Node[] = [];
   const tasks = conn.state.tasks;
   if (conn.store.loaded && tasks.length === 0) out.push({ kind: "info", conn, label: "no tasks", description: "add one with Gridd: Add Task", icon: "add", command: { title: "Add Task", command: "gridd.addTask", arguments: [conn] } });
   const groups = new Map<string, Task[]>();
@@ -200,12 +267,10 @@ export const buildTasks: Build = (conn) => {
 };
 
 export const buildAgents: Build = (conn) => [
-  ...notConnected(conn),
   ...conn.state.agents.map((agent): Node => ({ kind: "agent", conn, agent })),
 ];
 
 export const buildQuestions: Build = (conn) => [
-  ...notConnected(conn),
   ...conn.state.pendingQuestions.map((question): Node => ({ kind: "question", conn, question })),
 ];
 

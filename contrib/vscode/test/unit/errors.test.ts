@@ -62,3 +62,9 @@ test("version skew: same apiVersion is fine, older daemon or older extension are
   assert.match(newer.message, /Upgrade the gridd extension/);
   assert.equal(checkVersion({}).ok, false);
 });
+
+test("a refused approve for uncommitted review edits names the files and what to do", () => {
+  const x = explain(new GriddError(409, "worktree_dirty", "task 'a' has uncommitted changes", { files: ["src/a.py", "b.txt"] }));
+  assert.match(x.message, /\(src\/a\.py, b\.txt\)/);
+  assert.match(x.message, /commit or discard them/);
+});

@@ -1,0 +1,129 @@
+/**
+ * What the editor says about review, questions, sessions and the link, as pure functions of
+ * the daemon's state (no vscode import, so the node test runner covers them).
+ */
+
+import type { Question, RepoState, Task } from "./types";
+
+/** How a question stopped being pending, as the event stream said. */
+export interface Settled {
+  how: "answered" | "closed";
+  /** question.closed's reason (or "the agent ended"). */
+  reason?: string;
+}
+
+/** What a click on a stale question toast says: the true reason, never a guess. */
+export function settledMessage(q: Pick<Question, "question" | "agentId">, settled: Settled | undefined): string {
+  const what = `“${q.question}” (${q.agentId})`;
+  if (settled?.how === "answered") return `${what} was already answered elsewhere.`;
+  if (settled?.how === "closed") return `${what} is no longer asked: ${closedReason(settled.reason)}.`;
+  return `${what} is no longer pending.`;
+}
+
+/** question.closed's reason is a sentence ("the agent was stopped: session stopped"). */
+function closedReason(reason: string | undefined): string {
+  return reason ? reason : "it was closed";
+}
+
+/** The answers a question's pick offers: what was typed first (free text), then the options. */
+export function answerChoices(options: readonly string[], typed: string): string[] {
+  const t = typed.trim();
+  if (!t || options.includes(t)) return [...options];
+  return [t, ...options];
+}
+
+/** The files a task is marked for: conflicts that came back and unresolved markers. */
+export function conflictFiles(t: Task): string[] {
+  const files = [...stringList(t["conflictUnresolved"]), ...(t.mergeConflict ?? [])];
+  return [...new Set(files)];
+}
+
+function stringList(v: unknown): string[] {
+  return Array.isArray(v) ? v.filter((x): x is string => typeof x === "string") : [];
+}
+
+/** The daemon's `[merge] review_edits` from `.grid/config.toml`'s text ("commit" by default). */
+export function reviewEditsMode(configToml: string | undefined): "commit" | "refuse" {
+  if (!configToml) return "commit";
+  let section = "";
+  for (const raw of configToml.split(/\r?\n/)) {
+    const line = raw.replace(/#.*$/, "").trim();
+    const header = /^\[([^\]]+)\]$/.exec(line);
+    if (header) {
+      section = (header[1] ?? "").trim();
+      continue;
+    }
+    const kv = /^review_edits\s*=\s*["']?(\w+)["']?$/.exec(line);
+    if (section === "merge" && kv) return kv[1] === "refuse" ? "refuse" : "commit";
+  }
+  return "commit";
+}
+
+/** One sentence on what an approve does with edits made in the task's worktree. */
+export function reviewEditsNote(mode: "commit" | "refuse"): string {
+  return mode === "refuse"
+    ? "Uncommitted edits in its worktree stop the approve (review_edits = refuse): commit or discard them first."
+    : "Uncommitted edits in its worktree are committed on its branch as a review commit and merged with it (review_edits = commit).";
+}
+
+/** Tasks that reached review since `before` (ids and statuses seen last time). */
+export function newlyInReview(before: ReadonlyMap<string, string> | undefined, tasks: readonly Task[]): Task[] {
+  if (!before) return [];
+  return tasks.filter((t) => t.status === "review" && before.get(t.id) !== "review");
+}
+
+/** A feature branch name for a new session: not the checked-out branch, not an existing one. */
+export function proposeBranch(existing: readonly string[], now: Date = new Date()): string {
+  const day = now.toISOString().slice(0, 10);
+  const taken = new Set(existing);
+  const base = `feature/session-${day}`;
+  if (!taken.has(base)) return base;
+  for (let n = 2; ; n++) if (!taken.has(`${base}-${n}`)) return `${base}-${n}`;
+}
+
+/** What stopping the session stops: its running agents and the questions they wait on. */
+export function stopSessionImpact(s: RepoState): string {
+  const agents = s.agents.length;
+  const questions = s.pendingQuestions.length;
+  if (!agents && !questions) return "No agent is running.";
+  const parts = [plural(agents, "running agent")];
+  if (questions) parts.push(`${plural(questions, "question")} waiting for an answer`);
+  return `This stops ${parts.join(" and ")}.`;
+}
+
+/** What cancelling a task affects: its agent, its questions, the tasks that wait on it. */
+export function cancelImpact(s: RepoState, taskId: string): string {
+  const agents = s.agents.filter((a) => a.taskId === taskId).length;
+  const questions = s.pendingQuestions.filter((q) => q.taskId === taskId).length;
+  const dependants = s.tasks.filter((t) => t.dependsOn.includes(taskId) && !["done", "cancelled"].includes(t.status)).length;
+  const parts: string[] = [];
+  if (agents) parts.push(`stops ${plural(agents, "running agent")}`);
+  if (questions) parts.push(`drops ${plural(questions, "waiting question")}`);
+  if (dependants) parts.push(`leaves ${plural(dependants, "dependent task")} waiting on it`);
+  return parts.length ? `This ${parts.join(", ")}.` : "No agent is working on it.";
+}
+
+export function plural(n: number, what: string): string {
+  return `${n} ${what}${n === 1 ? "" : "s"}`;
+}
+
+/** The link's states as the user sees them: one banner each. */
+export type LinkBanner = "no-repo" | "not-running" | "connecting" | "connected" | "stopped" | "version-mismatch";
+
+export interface LinkFacts {
+  gitRepo: boolean;
+  connected: boolean;
+  everConnected: boolean;
+  socketExists: boolean;
+  /** The daemon said it was stopping (a clean `gridctl daemon stop`), or the socket went with it. */
+  stoppedOnPurpose: boolean;
+  versionOk: boolean;
+}
+
+export function linkBanner(f: LinkFacts): LinkBanner {
+  if (!f.gitRepo) return "no-repo";
+  if (f.connected) return f.versionOk ? "connected" : "version-mismatch";
+  if (f.stoppedOnPurpose) return "stopped";
+  if (!f.socketExists) return f.everConnected ? "stopped" : "not-running";
+  return "connecting";
+}

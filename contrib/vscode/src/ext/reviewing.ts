@@ -1,0 +1,75 @@
+/**
+ * Review as a flow of its own: a notification when a task reaches review (Diff, Approve,
+ * Reject), a warning when the daemon refuses a merge for conflict markers, word of review
+ * edits committed at approve, and the daemon's `review_edits` setting.
+ *
+ * gridd does not expose its `[merge] review_edits` over the API; the extension reads it from
+ * the workspace's `.grid/config.toml` (the daemon's own file), "commit" when absent.
+ */
+
+import * as fs from "node:fs";
+import * as path from "node:path";
+
+import * as vscode from "vscode";
+
+import { conflictFiles, newlyInReview, reviewEditsMode } from "../client/review";
+import type { GriddEvent } from "../client/types";
+import type { FolderConnection } from "./connection";
+
+export function reviewEdits(conn: FolderConnection): "commit" | "refuse" {
+  try {
+    return reviewEditsMode(fs.readFileSync(path.join(conn.root, ".grid", "config.toml"), "utf8"));
+  } catch {
+    return "commit";
+  }
+}
+
+export class ReviewNotifier implements vscode.Disposable {
+  /** The statuses seen at the last sync, per connection; absent before its first snapshot. */
+  private readonly seen = new Map<FolderConnection, Map<string, string>>();
+
+  enabled(): boolean {
+    return vscode.workspace.getConfiguration("gridd").get<boolean>("notifyReviews", true);
+  }
+
+  sync(conn: FolderConnection): void {
+    if (!conn.connected) return;
+    const tasks = conn.state.tasks;
+    const fresh = newlyInReview(this.seen.get(conn), tasks);
+    this.seen.set(conn, new Map(tasks.map((t) => [t.id, t.status] as const)));
+    if (!this.enabled()) return;
+    for (const t of fresh) {
+      const files = conflictFiles(t);
+      const text = files.length
+        ? `gridd: ${t.title} (${t.id}) is back in review with unresolved conflicts in ${files.join(", ")}.`
+        : `gridd: ${t.title} (${t.id}) is ready for review.`;
+      const show = files.length ? vscode.window.showWarningMessage : vscode.window.showInformationMessage;
+      void show(text, "Diff", "Approve", "Reject").then((choice) => {
+        const command = choice === "Diff" ? "gridd.openDiff" : choice === "Approve" ? "gridd.approveTask" : choice === "Reject" ? "gridd.rejectTask" : undefined;
+        if (command) void vscode.commands.executeCommand(command, { folder: conn.root, taskId: t.id });
+      });
+    }
+  }
+
+  /** Events worth a word of their own. */
+  onEvent(conn: FolderConnection, e: GriddEvent): void {
+    const files = Array.isArray(e.data["files"]) ? (e.data["files"] as unknown[]).map(String) : [];
+    const taskId = String(e.data["taskId"] ?? "");
+    if (e.type === "task.merge_refused") {
+      void vscode.window.showWarningMessage(
+        `gridd: the merge of ${taskId} was refused: conflict markers in ${files.join(", ")}. It is back in review; resolve them, or approve again to let them through.`,
+        "Diff",
+      ).then((choice) => {
+        if (choice) void vscode.commands.executeCommand("gridd.openDiff", { folder: conn.root, taskId, file: files[0] });
+      });
+    } else if (e.type === "task.review_edits") {
+      vscode.window.setStatusBarMessage(`gridd: your edits to ${files.join(", ")} were committed on ${taskId}'s branch as a review commit`, 8000);
+    } else if (e.type === "task.merge_failed") {
+      void vscode.window.showErrorMessage(`gridd: the merge of ${taskId} failed: ${String(e.data["error"] ?? "")}`);
+    }
+  }
+
+  dispose(): void {
+    this.seen.clear();
+  }
+}

@@ -42,10 +42,7 @@ from typing import Any
 
 from gridd.adapters.base import (
     Activity,
-    Adapter,
-    Ask,
     Cost,
-    Malformed,
     ModelName,
     RateLimited,
     Result,
@@ -54,12 +51,9 @@ from gridd.adapters.base import (
     ToolUse,
     Usage,
 )
-from gridd.adapters.beat import Beat
 from gridd.adapters.claude_protocol import snippet
-from gridd.adapters.lines import LineSplitter, Overlong
+from gridd.adapters.jsonlines import JsonLinesAdapter, as_count, as_str
 from gridd.adapters.prices import cost_usd, price_of
-
-MAX_LINE = 16 * 1024 * 1024  # a command's aggregated output comes in one line
 
 _USAGE_LIMIT = re.compile(
     r"You[\u2019']ve hit your usage limit\..*?(?:[Tt]ry again at (?P<when>[^.]+?)\.|[Tt]ry again later\.)"
@@ -74,34 +68,33 @@ _TOOLS = {
     "mcp_tool_call": "mcp",
     "web_search": "web_search",
 }
-_KNOWN = {
-    "thread.started",
-    "turn.started",
-    "turn.completed",
-    "turn.failed",
-    "item.started",
-    "item.updated",
-    "item.completed",
-    "error",
-}
+_KNOWN = frozenset(
+    {
+        "thread.started",
+        "turn.started",
+        "turn.completed",
+        "turn.failed",
+        "item.started",
+        "item.updated",
+        "item.completed",
+        "error",
+    }
+)
 
 
-class CodexAdapter(Adapter):
+class CodexAdapter(JsonLinesAdapter):
     """Parses ``codex exec --json``; codex takes no input after its start."""
 
     name = "codex"
-    ends_on_result = True
+    KNOWN = _KNOWN
 
     def __init__(self, *, model: str | None = None) -> None:
+        super().__init__()
         self._model = model
-        self._lines = LineSplitter(max_line=MAX_LINE)
         self._session: str | None = None
         self._tokens = (0, 0, 0)  # input, cached input, output over the run's turns
         self._last_text = ""
         self._limit: RateLimited | None = None  # the turn's rate limit, said by an error
-        self._turn_over = False
-        self._unknown: set[str] = set()
-        self._bad = 0
 
     # -- the command -----------------------------------------------------------------------
 
@@ -122,50 +115,11 @@ class CodexAdapter(Adapter):
             return argv
         return [*argv[:-1], "resume", session_id, argv[-1]]
 
-    def initial_input(self, prompt: str) -> str | None:
-        return None
+    def plain(self, text: str) -> list[Signal]:
+        limited = codex_rate_limit(text)
+        return [limited] if limited is not None else []  # stderr's logs
 
-    def encode_follow_up(self, text: str) -> str | None:
-        return None  # codex exec reads no input once started
-
-    def idle(self) -> bool:
-        return self._turn_over
-
-    def stall_nudge(self) -> str | None:
-        return None
-
-    def auto_answer(self, ask: Ask) -> str | None:
-        return None
-
-    def encode_answer(self, ask: Ask, response: str) -> str:
-        return response if response.endswith("\n") else response + "\n"
-
-    def feed_heartbeat(self, beat: Beat) -> list[Signal]:
-        return [Activity(beat.label or beat.status, beat.message)]
-
-    # -- the output ------------------------------------------------------------------------
-
-    def feed_output(self, text: str) -> list[Signal]:
-        return [signal for line in self._lines.feed(text) for signal in self._line(line)]
-
-    def feed_eof(self) -> list[Signal]:
-        return [signal for line in self._lines.flush() for signal in self._line(line)]
-
-    def _line(self, line: str | Overlong) -> list[Signal]:
-        if isinstance(line, Overlong):
-            return self._malformed(f"a {line.length}-character line was skipped (too long)")
-        text = line.strip()
-        if not text:
-            return []
-        if not text.startswith("{"):
-            limited = codex_rate_limit(text)
-            return [limited] if limited is not None else []  # stderr's logs
-        try:
-            obj = json.loads(text)
-        except ValueError:
-            return self._malformed(f"invalid or truncated JSON: {text[:80]!r}")
-        if not isinstance(obj, dict):
-            return self._malformed(f"not a JSON object: {text[:80]!r}")
+    def event(self, obj: dict[str, Any]) -> list[Signal]:
         kind = obj.get("type")
         if kind == "thread.started":
             return self._thread(obj.get("thread_id"))
@@ -176,16 +130,13 @@ class CodexAdapter(Adapter):
             item = obj.get("item")
             return self._item(str(kind), item) if isinstance(item, dict) else []
         if kind == "error":
-            message = _str(obj.get("message")) or "error"
+            message = as_str(obj.get("message")) or "error"
             self._limit = codex_rate_limit(message) or self._limit
             return [Activity("error", snippet(message))]
         if kind == "turn.completed":
             return self._completed(obj.get("usage"))
         if kind == "turn.failed":
             return self._failed(obj.get("error"))
-        if isinstance(kind, str) and kind not in _KNOWN and kind not in self._unknown:
-            self._unknown.add(kind)
-            return [Malformed(f"codex output: unknown event type {kind!r} (ignored)")]
         return []
 
     def _thread(self, thread_id: object) -> list[Signal]:
@@ -207,22 +158,22 @@ class CodexAdapter(Adapter):
             if kind == "item.started":
                 return [ToolUse(name, summary or None), Activity(name, summary or None)]
             if kind == "item.completed":
-                status = _str(item.get("status"))
+                status = as_str(item.get("status"))
                 return [ToolUse(None), Activity(f"{name} {status or 'done'}", summary or None)]
             return []
         if kind != "item.completed" and item_type != "todo_list":
             return []
         if item_type == "agent_message":
-            self._last_text = _str(item.get("text")) or self._last_text
+            self._last_text = as_str(item.get("text")) or self._last_text
             return [Activity("text", snippet(self._last_text))]
         if item_type == "reasoning":
-            return [Activity("thinking", snippet(_str(item.get("text")) or "") or None)]
+            return [Activity("thinking", snippet(as_str(item.get("text")) or "") or None)]
         if item_type == "todo_list":
             items = item.get("items")
             count = len(items) if isinstance(items, list) else 0
             return [Activity("plan", f"{count} steps")]
         if item_type == "error":
-            return [Activity("warning", snippet(_str(item.get("message")) or ""))]
+            return [Activity("warning", snippet(as_str(item.get("message")) or ""))]
         return []
 
     def _completed(self, usage: object) -> list[Signal]:
@@ -230,8 +181,8 @@ class CodexAdapter(Adapter):
         self._limit = None
         signals: list[Signal] = []
         if isinstance(usage, dict):
-            got = [_count(usage.get(k)) for k in ("input_tokens", "cached_input_tokens")]
-            out = _count(usage.get("output_tokens"))
+            got = [as_count(usage.get(k)) for k in ("input_tokens", "cached_input_tokens")]
+            out = as_count(usage.get("output_tokens"))
             self._tokens = (
                 self._tokens[0] + got[0],
                 self._tokens[1] + got[1],
@@ -252,19 +203,13 @@ class CodexAdapter(Adapter):
 
     def _failed(self, error: object) -> list[Signal]:
         self._turn_over = True
-        message = _str(error.get("message")) if isinstance(error, dict) else None
+        message = as_str(error.get("message")) if isinstance(error, dict) else None
         message = _readable(message or "the turn failed")
         limited = codex_rate_limit(message) or self._limit
         self._limit = None
         signals: list[Signal] = [limited] if limited is not None else []
         signals.append(Result(ok=False, text=message, subtype="turn.failed"))
         return signals
-
-    def _malformed(self, message: str) -> list[Signal]:
-        self._bad += 1
-        if self._bad == 1 or self._bad % 100 == 0:
-            return [Malformed(f"codex output: {message} ({self._bad} unusable lines so far)")]
-        return []
 
 
 def codex_rate_limit(text: str, *, now: float | None = None) -> RateLimited | None:
@@ -317,10 +262,10 @@ def _readable(message: str) -> str:
     except ValueError:
         return message
     error = body.get("error") if isinstance(body, dict) else None
-    text = _str(error.get("message")) if isinstance(error, dict) else None
+    text = as_str(error.get("message")) if isinstance(error, dict) else None
     if not text or not isinstance(error, dict):
         return message
-    kind = _str(error.get("type"))
+    kind = as_str(error.get("type"))
     return f"{kind}: {text}" if kind else text
 
 
@@ -338,7 +283,7 @@ def _model_in(argv: list[str]) -> str | None:
 
 def _tool_summary(item_type: str, item: dict[str, Any]) -> str:
     if item_type == "command_execution":
-        return snippet(_str(item.get("command")) or "", 120)
+        return snippet(as_str(item.get("command")) or "", 120)
     if item_type == "file_change":
         changes = item.get("changes")
         paths = (
@@ -348,18 +293,10 @@ def _tool_summary(item_type: str, item: dict[str, Any]) -> str:
         )
         return snippet(", ".join(paths), 120)
     if item_type == "web_search":
-        return snippet(_str(item.get("query")) or "", 120)
+        return snippet(as_str(item.get("query")) or "", 120)
     return ""
 
 
 def _mcp_name(item: dict[str, Any]) -> str:
-    server, tool = _str(item.get("server")), _str(item.get("tool"))
+    server, tool = as_str(item.get("server")), as_str(item.get("tool"))
     return ".".join(part for part in (server, tool) if part) or "mcp"
-
-
-def _count(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def _str(value: object) -> str | None:
-    return value if isinstance(value, str) else None

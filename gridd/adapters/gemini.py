@@ -35,10 +35,7 @@ from typing import Any
 
 from gridd.adapters.base import (
     Activity,
-    Adapter,
-    Ask,
     Cost,
-    Malformed,
     ModelName,
     RateLimited,
     Result,
@@ -48,13 +45,11 @@ from gridd.adapters.base import (
     ToolUse,
     Usage,
 )
-from gridd.adapters.beat import Beat
 from gridd.adapters.claude_protocol import snippet, summarize
-from gridd.adapters.lines import LineSplitter, Overlong
+from gridd.adapters.jsonlines import JsonLinesAdapter, as_count, as_str
 from gridd.adapters.prices import cost_usd, price_of
 from gridd.adapters.ratelimit import parse_timestamp
 
-MAX_LINE = 16 * 1024 * 1024
 #: Exit status of the CLI after a quota error (its FatalQuotaError... exit code).
 QUOTA_EXIT = 173
 
@@ -65,74 +60,34 @@ _QUOTA = re.compile(
 )
 _ATTEMPT = re.compile(r"^Attempt (?P<attempt>\d+) failed(?: with status (?P<status>\d{3}))?: ")
 _RETRY_AFTER = re.compile(r"Retrying after (?P<ms>\d+)ms\.\.\.$")
-_KNOWN = {"init", "message", "tool_use", "tool_result", "error", "result"}
 
 
-class GeminiAdapter(Adapter):
+class GeminiAdapter(JsonLinesAdapter):
     """Parses the Gemini CLI's stream-json; it takes no input after its start."""
 
     name = "gemini"
-    ends_on_result = True
+    KNOWN = frozenset({"init", "message", "tool_use", "tool_result", "error", "result"})
 
     def __init__(self) -> None:
-        self._lines = LineSplitter(max_line=MAX_LINE)
+        super().__init__()
         self._session: str | None = None
         self._session_said = False
         self._tools: dict[str, str] = {}  # tool_id -> tool name, while it runs
         self._text = ""  # the assistant's last message, in deltas
         self._text_open = False
         self._attempt: tuple[int, str, int | None] | None = None  # a failed attempt, said
-        self._turn_over = False
-        self._unknown: set[str] = set()
-        self._bad = 0
 
     # -- the command -----------------------------------------------------------------------
 
     def resume_args(self, argv: list[str], session_id: str) -> list[str]:
         return [*argv, "--resume", session_id]
 
-    def initial_input(self, prompt: str) -> str | None:
-        return None
-
-    def encode_follow_up(self, text: str) -> str | None:
-        return None  # headless gemini reads no input once started
-
     def idle(self) -> bool:
         """The result ends the run (the CLI exits by itself soon after, 173 after a quota
         error; the pool stops it if it lingers), and the result's verdict is the run's."""
         return self._turn_over
 
-    def auto_answer(self, ask: Ask) -> str | None:
-        return None
-
-    def encode_answer(self, ask: Ask, response: str) -> str:
-        return response if response.endswith("\n") else response + "\n"
-
-    def feed_heartbeat(self, beat: Beat) -> list[Signal]:
-        return [Activity(beat.label or beat.status, beat.message)]
-
-    # -- the output ------------------------------------------------------------------------
-
-    def feed_output(self, text: str) -> list[Signal]:
-        return [signal for line in self._lines.feed(text) for signal in self._line(line)]
-
-    def feed_eof(self) -> list[Signal]:
-        return [signal for line in self._lines.flush() for signal in self._line(line)]
-
-    def _line(self, line: str | Overlong) -> list[Signal]:
-        if isinstance(line, Overlong):
-            return self._malformed(f"a {line.length}-character line was skipped (too long)")
-        text = line.strip()
-        if not text:
-            return []
-        if not text.startswith("{"):
-            return self._stderr(text)
-        try:
-            obj = json.loads(text)
-        except ValueError:
-            return self._malformed(f"invalid or truncated JSON: {text[:80]!r}")
-        if not isinstance(obj, dict):
-            return self._malformed(f"not a JSON object: {text[:80]!r}")
+    def event(self, obj: dict[str, Any]) -> list[Signal]:
         kind = obj.get("type")
         if kind == "init":
             return self._init(obj)
@@ -143,19 +98,16 @@ class GeminiAdapter(Adapter):
         if kind == "tool_result":
             return self._tool_result(obj)
         if kind == "error":
-            return [Activity("warning", snippet(_str(obj.get("message")) or ""))]
+            return [Activity("warning", snippet(as_str(obj.get("message")) or ""))]
         if kind == "result":
             return self._result(obj)
-        if isinstance(kind, str) and kind not in _KNOWN and kind not in self._unknown:
-            self._unknown.add(kind)
-            return [Malformed(f"gemini output: unknown event type {kind!r} (ignored)")]
         return []
 
     def _init(self, obj: dict[str, Any]) -> list[Signal]:
-        session = _str(obj.get("session_id"))
+        session = as_str(obj.get("session_id"))
         if session and session != self._session:
             self._session, self._session_said = session, False
-        model = _str(obj.get("model"))
+        model = as_str(obj.get("model"))
         self._turn_over = False
         return [*([ModelName(model)] if model else []), Activity("starting", model)]
 
@@ -170,7 +122,7 @@ class GeminiAdapter(Adapter):
         if obj.get("role") != "assistant":
             self._text_open = False
             return []
-        content = _str(obj.get("content")) or ""
+        content = as_str(obj.get("content")) or ""
         if obj.get("delta") is True and self._text_open:
             self._text += content
         else:
@@ -180,8 +132,8 @@ class GeminiAdapter(Adapter):
 
     def _tool_use(self, obj: dict[str, Any]) -> list[Signal]:
         self._text_open = False
-        name = _str(obj.get("tool_name")) or "tool"
-        tool_id = _str(obj.get("tool_id"))
+        name = as_str(obj.get("tool_name")) or "tool"
+        tool_id = as_str(obj.get("tool_id"))
         if tool_id:
             self._tools[tool_id] = name
         params = obj.get("parameters")
@@ -189,8 +141,8 @@ class GeminiAdapter(Adapter):
         return [*self._answered(), ToolUse(name, summary or None), Activity(name, summary or None)]
 
     def _tool_result(self, obj: dict[str, Any]) -> list[Signal]:
-        name = self._tools.pop(_str(obj.get("tool_id")) or "", "tool")
-        status = _str(obj.get("status")) or "done"
+        name = self._tools.pop(as_str(obj.get("tool_id")) or "", "tool")
+        status = as_str(obj.get("status")) or "done"
         return [ToolUse(None), Activity(f"{name} {status}")]
 
     def _result(self, obj: dict[str, Any]) -> list[Signal]:
@@ -198,13 +150,13 @@ class GeminiAdapter(Adapter):
         ok = obj.get("status") == "success"
         self._turn_over = True
         error = obj.get("error")
-        message = _str(error.get("message")) if isinstance(error, dict) else None
+        message = as_str(error.get("message")) if isinstance(error, dict) else None
         text = self._text if ok else (_readable(message) if message else "the run failed")
         if not ok and message:
             limited = gemini_rate_limit(message, at=parse_timestamp(obj.get("timestamp")))
             if limited is not None:
                 signals.append(limited)
-        signals.append(Result(ok=ok, text=text, subtype=_str(obj.get("status"))))
+        signals.append(Result(ok=ok, text=text, subtype=as_str(obj.get("status"))))
         return signals
 
     def _accounting(self, stats: object) -> list[Signal]:
@@ -220,7 +172,10 @@ class GeminiAdapter(Adapter):
         for model, usage in models.items():
             if not isinstance(usage, dict):
                 continue
-            got_in, got_out = _count(usage.get("input_tokens")), _count(usage.get("output_tokens"))
+            got_in, got_out = (
+                as_count(usage.get("input_tokens")),
+                as_count(usage.get("output_tokens")),
+            )
             tokens_in, tokens_out = tokens_in + got_in, tokens_out + got_out
             price = price_of(str(model))
             if price is None:
@@ -229,7 +184,7 @@ class GeminiAdapter(Adapter):
                 usd += cost_usd(
                     price,
                     input_tokens=got_in,
-                    cached_tokens=_count(usage.get("cached")),
+                    cached_tokens=as_count(usage.get("cached")),
                     output_tokens=got_out,
                 )
         signals: list[Signal] = [Usage(tokens_in, tokens_out)]
@@ -237,7 +192,7 @@ class GeminiAdapter(Adapter):
             signals.append(Cost(usd))
         return signals
 
-    def _stderr(self, text: str) -> list[Signal]:
+    def plain(self, text: str) -> list[Signal]:
         attempt = _ATTEMPT.match(text)
         if attempt:
             status = int(attempt["status"]) if attempt["status"] else None
@@ -258,12 +213,6 @@ class GeminiAdapter(Adapter):
                     status=status,
                 )
             ]
-        return []
-
-    def _malformed(self, message: str) -> list[Signal]:
-        self._bad += 1
-        if self._bad == 1 or self._bad % 100 == 0:
-            return [Malformed(f"gemini output: {message} ({self._bad} unusable lines so far)")]
         return []
 
 
@@ -301,14 +250,6 @@ def _readable(message: str) -> str:
         return (inner + match["rest"]).strip()
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, dict) and isinstance(error.get("message"), str):
-        status = _str(error.get("status"))
+        status = as_str(error.get("status"))
         return f"{status}: {error['message']}" if status else error["message"]
     return message
-
-
-def _count(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def _str(value: object) -> str | None:
-    return value if isinstance(value, str) else None

@@ -23,15 +23,11 @@ reaches gridd. The session resumes with ``--session <id>`` (``resume_args``).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from gridd.adapters.base import (
     Activity,
-    Adapter,
-    Ask,
     Cost,
-    Malformed,
     RateLimited,
     Result,
     SessionId,
@@ -39,32 +35,26 @@ from gridd.adapters.base import (
     ToolUse,
     Usage,
 )
-from gridd.adapters.beat import Beat
 from gridd.adapters.claude_protocol import snippet, summarize
-from gridd.adapters.lines import LineSplitter, Overlong
+from gridd.adapters.jsonlines import JsonLinesAdapter, as_count, as_str
 from gridd.adapters.ratelimit import parse_timestamp
 
-MAX_LINE = 16 * 1024 * 1024
-_KNOWN = {"step_start", "step_finish", "text", "reasoning", "tool_use", "error"}
 _RESET_HEADERS = ("anthropic-ratelimit-unified-reset", "x-ratelimit-reset-requests")
 
 
-class OpencodeAdapter(Adapter):
+class OpencodeAdapter(JsonLinesAdapter):
     """Parses ``opencode run --format json``; opencode takes no input after its start."""
 
     name = "opencode"
-    ends_on_result = True
+    KNOWN = frozenset({"step_start", "step_finish", "text", "reasoning", "tool_use", "error"})
 
     def __init__(self) -> None:
-        self._lines = LineSplitter(max_line=MAX_LINE)
+        super().__init__()
         self._session: str | None = None
         self._tokens = (0, 0)
         self._usd = 0.0
         self._priced = False
         self._text = ""
-        self._turn_over = False
-        self._unknown: set[str] = set()
-        self._bad = 0
 
     def resume_args(self, argv: list[str], session_id: str) -> list[str]:
         """``--session <id>`` before the prompt, the last argument."""
@@ -72,42 +62,7 @@ class OpencodeAdapter(Adapter):
             return argv
         return [*argv[:-1], "--session", session_id, argv[-1]]
 
-    def initial_input(self, prompt: str) -> str | None:
-        return None
-
-    def encode_follow_up(self, text: str) -> str | None:
-        return None  # opencode run reads no input once started
-
-    def idle(self) -> bool:
-        return self._turn_over
-
-    def auto_answer(self, ask: Ask) -> str | None:
-        return None
-
-    def encode_answer(self, ask: Ask, response: str) -> str:
-        return response if response.endswith("\n") else response + "\n"
-
-    def feed_heartbeat(self, beat: Beat) -> list[Signal]:
-        return [Activity(beat.label or beat.status, beat.message)]
-
-    def feed_output(self, text: str) -> list[Signal]:
-        return [signal for line in self._lines.feed(text) for signal in self._line(line)]
-
-    def feed_eof(self) -> list[Signal]:
-        return [signal for line in self._lines.flush() for signal in self._line(line)]
-
-    def _line(self, line: str | Overlong) -> list[Signal]:
-        if isinstance(line, Overlong):
-            return self._malformed(f"a {line.length}-character line was skipped (too long)")
-        text = line.strip()
-        if not text.startswith("{"):
-            return []  # logs (--print-logs) and the like
-        try:
-            obj = json.loads(text)
-        except ValueError:
-            return self._malformed(f"invalid or truncated JSON: {text[:80]!r}")
-        if not isinstance(obj, dict):
-            return self._malformed(f"not a JSON object: {text[:80]!r}")
+    def event(self, obj: dict[str, Any]) -> list[Signal]:
         signals = self._session_of(obj)
         kind = obj.get("type")
         part = obj.get("part") if isinstance(obj.get("part"), dict) else {}
@@ -116,33 +71,30 @@ class OpencodeAdapter(Adapter):
             self._turn_over = False
             signals.append(Activity("thinking"))
         elif kind == "text":
-            self._text = _str(part.get("text")) or self._text
+            self._text = as_str(part.get("text")) or self._text
             signals.append(Activity("text", snippet(self._text)))
         elif kind == "reasoning":
-            signals.append(Activity("thinking", snippet(_str(part.get("text")) or "") or None))
+            signals.append(Activity("thinking", snippet(as_str(part.get("text")) or "") or None))
         elif kind == "tool_use":
             signals.extend(self._tool(part))
         elif kind == "step_finish":
             signals.extend(self._step_finish(part))
         elif kind == "error":
             signals.extend(self._error(obj))
-        elif isinstance(kind, str) and kind not in _KNOWN and kind not in self._unknown:
-            self._unknown.add(kind)
-            signals.append(Malformed(f"opencode output: unknown event type {kind!r} (ignored)"))
         return signals
 
     def _session_of(self, obj: dict[str, Any]) -> list[Signal]:
-        session = _str(obj.get("sessionID"))
+        session = as_str(obj.get("sessionID"))
         if session and session != self._session:
             self._session = session
             return [SessionId(session)]
         return []
 
     def _tool(self, part: dict[str, Any]) -> list[Signal]:
-        name = _str(part.get("tool")) or "tool"
+        name = as_str(part.get("tool")) or "tool"
         state = part.get("state") if isinstance(part.get("state"), dict) else {}
         assert isinstance(state, dict)
-        status = _str(state.get("status")) or "completed"
+        status = as_str(state.get("status")) or "completed"
         tool_input = state.get("input")
         summary = summarize(tool_input) if isinstance(tool_input, dict) else ""
         if status in ("pending", "running"):
@@ -155,9 +107,9 @@ class OpencodeAdapter(Adapter):
         if isinstance(tokens, dict):
             cache = tokens.get("cache") if isinstance(tokens.get("cache"), dict) else {}
             assert isinstance(cache, dict)
-            got_in = _count(tokens.get("input")) + _count(cache.get("read"))
-            got_in += _count(cache.get("write"))
-            got_out = _count(tokens.get("output")) + _count(tokens.get("reasoning"))
+            got_in = as_count(tokens.get("input")) + as_count(cache.get("read"))
+            got_in += as_count(cache.get("write"))
+            got_out = as_count(tokens.get("output")) + as_count(tokens.get("reasoning"))
             self._tokens = (self._tokens[0] + got_in, self._tokens[1] + got_out)
             signals.append(Usage(*self._tokens))
         cost = part.get("cost")
@@ -166,7 +118,7 @@ class OpencodeAdapter(Adapter):
             self._priced = True
         if self._priced:
             signals.append(Cost(self._usd))
-        reason = _str(part.get("reason")) or ""
+        reason = as_str(part.get("reason")) or ""
         if reason not in ("tool-calls", "tool_calls"):
             self._turn_over = True
             signals.append(Result(ok=True, text=self._text, subtype=reason or None))
@@ -178,20 +130,14 @@ class OpencodeAdapter(Adapter):
         assert isinstance(error, dict)
         data = error.get("data") if isinstance(error.get("data"), dict) else {}
         assert isinstance(data, dict)
-        name = _str(error.get("name")) or "error"
-        message = _str(data.get("message")) or name
+        name = as_str(error.get("name")) or "error"
+        message = as_str(data.get("message")) or name
         text = f"{name}: {message}" if name != message else message
         signals: list[Signal] = []
         if data.get("statusCode") == 429:
             signals.append(_limited(text, data, obj.get("timestamp")))
         signals.append(Result(ok=False, text=text, subtype=name))
         return signals
-
-    def _malformed(self, message: str) -> list[Signal]:
-        self._bad += 1
-        if self._bad == 1 or self._bad % 100 == 0:
-            return [Malformed(f"opencode output: {message} ({self._bad} unusable lines so far)")]
-        return []
 
 
 def _limited(text: str, data: dict[str, Any], timestamp: object) -> RateLimited:
@@ -209,11 +155,3 @@ def _limited(text: str, data: dict[str, Any], timestamp: object) -> RateLimited:
             message=text, resets_at=said + after, limit_type="api_key", source="retry-after"
         )
     return RateLimited(message=text, resets_at=None, limit_type="api_key", source="none")
-
-
-def _count(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def _str(value: object) -> str | None:
-    return value if isinstance(value, str) else None

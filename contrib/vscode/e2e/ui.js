@@ -192,11 +192,16 @@ async function runUi(out) {
       const spawnsBefore = (await events("agent.spawned")).filter((e) => e.taskId === "dep").length;
       await palette("Gridd: Reject Task with Feedback", "dep");
       await choose("dep");
-      const input = page.locator(".quick-input-widget input");
-      await input.waitFor({ timeout: 5000 });
-      await input.fill("please also write tests");
+      // Multi-line feedback, written in an editor and sent from the notification.
+      const toast = page.locator(".notification-toast", { hasText: "write the feedback for dep" }).first();
+      await toast.waitFor({ timeout: 10000 });
+      await page.locator(".monaco-editor .view-lines", { hasText: "Feedback for dep" }).first().waitFor({ timeout: 10000 });
+      await page.keyboard.type("please also write tests");
       await page.keyboard.press("Enter");
-      await waitFor(async () => (await events("task.rejected")).some((e) => e.taskId === "dep" && /tests/.test(String(e.feedback))), "task.rejected for dep", 15000);
+      await page.keyboard.type("and keep the answer file");
+      await page.screenshot({ path: path.join(out, "reject-multi-line-feedback.png") });
+      await toast.getByRole("button", { name: "Send Feedback", exact: true }).click();
+      await waitFor(async () => (await events("task.rejected")).some((e) => e.taskId === "dep" && /^please also write tests\s*\n\s*and keep the answer file$/.test(String(e.feedback))), "task.rejected for dep with both lines", 15000);
       await waitFor(async () => (await events("agent.spawned")).filter((e) => e.taskId === "dep").length > spawnsBefore, "dep to run again", 30000);
       return undefined;
     });

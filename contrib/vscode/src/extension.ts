@@ -58,6 +58,7 @@ export function activate(ctx: vscode.ExtensionContext): GriddApi {
     const waiting = questions + inReview;
     questionsView.badge = waiting ? { value: waiting, tooltip: `gridd: ${questions} question(s) waiting for an answer, ${inReview} task(s) in review` } : undefined;
     void vscode.commands.executeCommand("setContext", "gridd.hasMerges", hasMerges(conns));
+    void vscode.commands.executeCommand("setContext", "gridd.connected", conns.all.some((c) => c.connected));
     status.update();
     for (const c of conns.all) {
       prompter.sync(c);

@@ -244,7 +244,7 @@ export function registerCommands(ctx: vscode.ExtensionContext, conns: Connection
   reg("gridd.rejectTask", async (arg) => {
     const sel = await taskOf(arg, ["review"], "reject");
     if (!sel) return undefined;
-    const feedback = targetOf(arg).feedback ?? (await vscode.window.showInputBox({ title: `Reject ${sel.task.id}`, prompt: "What should the agent change?", ignoreFocusOut: true }));
+    const feedback = targetOf(arg).feedback ?? (await writeFeedback(sel.task));
     if (!feedback) return undefined;
     return guarded(sel.conn, () => sel.conn.call<Task>("POST", `/tasks/${encodeURIComponent(sel.task.id)}/reject`, { body: { feedback } }));
   });
@@ -313,4 +313,28 @@ export function registerCommands(ctx: vscode.ExtensionContext, conns: Connection
     const answer = targetOf(arg).text ?? (await askFreeText(q));
     return answer === undefined ? false : answerQuestion(conn, q, answer);
   });
+}
+
+const FEEDBACK_HEAD = /^<!--[\s\S]*?-->/;
+
+/** Multi-line feedback: written in an untitled editor, sent with the notification's button. */
+async function writeFeedback(task: Task): Promise<string | undefined> {
+  const head = `<!-- Feedback for ${task.id} (${task.title}): what should the agent change? Write it below, then press Send Feedback in the notification. This comment is not sent. -->\n\n`;
+  const doc = await vscode.workspace.openTextDocument({ language: "markdown", content: head });
+  const editor = await vscode.window.showTextDocument(doc, { preview: false });
+  const end = doc.lineAt(doc.lineCount - 1).range.end;
+  editor.selection = new vscode.Selection(end, end);
+  const choice = await vscode.window.showInformationMessage(`gridd: write the feedback for ${task.id} in the editor, then send it.`, "Send Feedback", "Cancel");
+  const text = doc.getText().replace(FEEDBACK_HEAD, "").trim();
+  // Close the draft without a save prompt.
+  if (!doc.isClosed) {
+    await vscode.window.showTextDocument(doc, { preview: false });
+    await vscode.commands.executeCommand("workbench.action.revertAndCloseActiveEditor");
+  }
+  if (choice !== "Send Feedback") return undefined;
+  if (!text) {
+    void vscode.window.showInformationMessage(`gridd: no feedback written; ${task.id} stays in review.`);
+    return undefined;
+  }
+  return text;
 }

@@ -9,6 +9,8 @@ import * as path from "node:path";
 
 import * as vscode from "vscode";
 
+import { conflictFiles } from "../client/review";
+
 import type { FolderConnection } from "./connection";
 import { showAt } from "./git";
 
@@ -56,7 +58,10 @@ export async function pickAndOpenDiff(conn: FolderConnection, taskId: string, fi
     return [];
   }
   let files: string[];
+  const task = conn.store.task(taskId);
+  const conflicted = task ? conflictFiles(task) : [];
   if (file) files = [file];
+  else if (conflicted.length) files = conflicted; // a conflicted task opens on its conflicted files
   else if (diff.files.length === 1 && diff.files[0]) files = [diff.files[0].path];
   else {
     const picked = await vscode.window.showQuickPick(

@@ -64,6 +64,19 @@ export class GriddTree implements vscode.TreeDataProvider<Node> {
 }
 
 function render(node: Node): vscode.TreeItem {
+  const item = renderLive(node);
+  // While disconnected, what the views hold may be stale: greyed, and its actions off.
+  if ((node.kind === "task" || node.kind === "agent" || node.kind === "question") && !node.conn.connected) {
+    item.contextValue = "stale";
+    item.command = undefined;
+    const icon = item.iconPath instanceof vscode.ThemeIcon ? item.iconPath.id : "circle";
+    item.iconPath = new vscode.ThemeIcon(icon, new vscode.ThemeColor("disabledForeground"));
+    item.tooltip = "gridd is not connected: this may be out of date";
+  }
+  return item;
+}
+
+function renderLive(node: Node): vscode.TreeItem {
   const None = vscode.TreeItemCollapsibleState.None;
   switch (node.kind) {
     case "folder": {

@@ -221,7 +221,7 @@ async function runUi(out) {
       // The typed text reached gridd: this heartbeat question takes only its options, and says so.
       await page.locator(".notification-toast", { hasText: "is not one of the offered options" }).first().waitFor({ timeout: 15000 });
       const q = (await api(sock, "GET", "/questions")).find((x) => x.taskId === "ask4");
-      await api(sock, "POST", `/questions/${q.id}/answer`, { response: "red" });
+      await api(sock, "POST", `/questions/${q.id}/answer`, { response: "blue" }); // as ask's, so it merges cleanly
       await waitFor(async () => !(await view.getByText("ask4 · red / blue").first().isVisible()), "ask4's question to leave the view", 10000);
     });
 
@@ -235,6 +235,29 @@ async function runUi(out) {
       await api(sock, "POST", `/questions/${q.id}/answer`, { response: "red" }); // as gridctl would
       await toast.waitFor({ state: "hidden", timeout: 15000 });
       await waitFor(async () => !(await view.getByText("Which color?").first().isVisible()), "the question to leave the view", 10000);
+    });
+
+    await run.step("a task whose merge is refused for conflict markers is marked, and approving it asks first", async () => {
+      await waitFor(async () => (await api(sock, "GET", "/tasks/ask4")).status === "review", "ask4 to reach review", 30000);
+      const wt = (await api(sock, "GET", "/tasks/ask4")).worktree;
+      // A reviewer's edit left a conflict half-resolved: at approve it is committed (review_edits = commit), then refused.
+      fs.writeFileSync(path.resolve(repo, wt, "notes.txt"), "<<<<<<< ours\nred\n=======\nblue\n>>>>>>> theirs\n");
+      await palette("Gridd: Approve Task", "ask4");
+      await choose("ask4");
+      await page.locator(".notification-toast", { hasText: "was refused: conflict markers in notes.txt" }).first().waitFor({ timeout: 30000 });
+      await view.getByText("unresolved conflict in notes.txt").first().waitFor({ timeout: 15000 });
+      await page.screenshot({ path: path.join(out, "conflicted-task-marked.png") });
+      await palette("Gridd: Approve Task", "ask4");
+      await choose("ask4");
+      const dialog = page.locator(".monaco-dialog-box");
+      await dialog.waitFor({ timeout: 10000 });
+      const text = await dialog.innerText();
+      if (!/ask4 has unresolved conflicts in notes\.txt\. Approve anyway\?/.test(text) || !/Conflict markers are still in notes\.txt/.test(text)) throw new Error(`dialog: ${text}`);
+      await page.screenshot({ path: path.join(out, "conflicted-approve-confirm.png") });
+      await dialog.getByRole("button", { name: "Cancel", exact: true }).click();
+      await dialog.waitFor({ state: "hidden", timeout: 5000 });
+      const t = await api(sock, "GET", "/tasks/ask4");
+      if (t.status !== "review" || !(t.conflictUnresolved ?? []).includes("notes.txt")) throw new Error(`ask4: ${t.status} ${JSON.stringify(t.conflictUnresolved)}`);
     });
 
     await run.step("killing and restarting gridd shows not connected, then reconnects", async () => {

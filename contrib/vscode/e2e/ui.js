@@ -284,6 +284,27 @@ async function runUi(out) {
       await gridd.start();
       await waitFor(async () => !(await view.getByText("gridd was stopped").first().isVisible()), "the stopped banner to go", 20000);
     });
+    await run.step("a folder that is not a git repository, or inside one, says what to do", async () => {
+      const plain = fs.mkdtempSync(path.join(require("node:os").tmpdir(), "gvplain"));
+      const sub = path.join(repo, "sub");
+      fs.mkdirSync(sub, { recursive: true });
+      try {
+        for (const [folder, said, shot] of [
+          [plain, "This folder is not a git repository", "no-git-repository.png"],
+          [sub, `This folder is inside the git repository ${repo}`, "inside-a-repository.png"],
+        ]) {
+          await page.goto(`http://127.0.0.1:${cs.port}/?folder=${encodeURIComponent(folder)}`);
+          await page.waitForSelector(".monaco-workbench", { timeout: 30000 });
+          await waitFor(async () => {
+            await page.locator('.activitybar [aria-label^="Gridd"]').first().click({ timeout: 2000 });
+            return view.getByText(said).first().isVisible();
+          }, `the banner "${said}"`, 30000, 500);
+          await page.screenshot({ path: path.join(out, shot) });
+        }
+      } finally {
+        fs.rmSync(plain, { recursive: true, force: true });
+      }
+    });
   } finally {
     console.log(run.summary() ? "ui: ok" : "ui: FAILED");
     await browser.close().catch(() => undefined);

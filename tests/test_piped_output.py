@@ -20,7 +20,7 @@ from rich.console import Console
 
 from gridd.cli import render
 from gridd.model import Question
-from tests.helpers import GRIDCTL, GRIDCTL_ENV, agent_command, wait_for, write_core_config
+from tests.helpers import GRIDCTL, agent_command, wait_for, write_core_config
 
 #: A pipe in CI: no terminal anywhere and no COLUMNS.
 PIPE_ENV = {key: value for key, value in os.environ.items() if key not in {"COLUMNS", "LINES"}}
@@ -83,9 +83,7 @@ def test_every_list_command_prints_tab_separated_lines_when_piped(ws: Path) -> N
 
     agent_header = ["agent", "task", "profile", "status", "pid", "running for", "cost"]
     agent_header += ["activity", "last output"]
-    # (The agents command prints through its own console, which cuts lines at its width:
-    # give it room, as a terminal would.)
-    (agent,) = assert_tab_separated(gridctl(ws, "agents", env=GRIDCTL_ENV), agent_header)
+    (agent,) = assert_tab_separated(gridctl(ws, "agents"), agent_header)
     assert agent[1:3] == ["paint", "asker"] and agent[3].startswith("waiting")
 
     status = gridctl(ws, "status")

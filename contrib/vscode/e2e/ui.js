@@ -175,6 +175,10 @@ async function runUi(out) {
       await page.locator(".tab", { hasText: "answer.txt" }).first().waitFor({ timeout: 15000 });
       await page.locator(".monaco-diff-editor").first().waitFor({ timeout: 10000 });
       await page.locator(".monaco-diff-editor .modified .view-lines", { hasText: "blue" }).first().waitFor({ timeout: 10000 });
+      // Approve, Reject and Diff in the diff editor's title bar.
+      for (const label of ["Approve Task", "Reject Task with Feedback", "Open Task Diff"]) {
+        await page.locator(`.editor-actions [aria-label="${label}"]`).first().waitFor({ timeout: 10000 });
+      }
       return undefined;
     });
 

@@ -11,7 +11,7 @@ import * as vscode from "vscode";
 import { AgentOutputs } from "./ext/agentOutput";
 import { registerCommands } from "./ext/commands";
 import type { FolderConnection } from "./ext/connection";
-import { GitContentProvider, SCHEME } from "./ext/diff";
+import { GitContentProvider, SCHEME, trackTaskDiff } from "./ext/diff";
 import { Connections } from "./ext/manager";
 import { QuestionPrompter } from "./ext/questions";
 import { ReviewNotifier } from "./ext/reviewing";
@@ -31,7 +31,7 @@ export function activate(ctx: vscode.ExtensionContext): GriddApi {
   const reviews = new ReviewNotifier();
   const status = new StatusItem(conns);
   ctx.subscriptions.push(log, conns, outputs, prompter, reviews, status);
-  ctx.subscriptions.push(vscode.workspace.registerTextDocumentContentProvider(SCHEME, new GitContentProvider()));
+  ctx.subscriptions.push(vscode.workspace.registerTextDocumentContentProvider(SCHEME, new GitContentProvider()), trackTaskDiff());
 
   const trees: Array<[string, GriddTree, vscode.TreeView<Node>]> = [];
   const view = (id: string, build: (c: FolderConnection) => Node[]): vscode.TreeView<Node> => {

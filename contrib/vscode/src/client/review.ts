@@ -127,3 +127,10 @@ export function linkBanner(f: LinkFacts): LinkBanner {
   if (!f.socketExists) return f.everConnected ? "stopped" : "not-running";
   return "connecting";
 }
+
+/** The Session view's agents row: what the daemon counts (every live agent) against its limit. */
+export function agentsRow(running: number, maxAgents: number, sessionStarted: boolean): string {
+  if (!sessionStarted) return running ? `${running} running (no session: started by hand)` : "none running";
+  if (running > maxAgents) return `${running} running: ${running - maxAgents} over the session's limit of ${maxAgents} (started by hand); no new one starts until below it`;
+  return `${running} of ${maxAgents}`;
+}

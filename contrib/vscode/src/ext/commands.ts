@@ -15,7 +15,7 @@ import type { Agent, Task } from "../client/types";
 import type { AgentOutputs } from "./agentOutput";
 import type { FolderConnection } from "./connection";
 import { startDaemon } from "./daemon";
-import { pickAndOpenDiff } from "./diff";
+import { activeDiffTask, pickAndOpenDiff } from "./diff";
 import { guarded } from "./feedback";
 import { branches } from "./git";
 import type { Connections } from "./manager";
@@ -60,6 +60,13 @@ export function registerCommands(ctx: vscode.ExtensionContext, conns: Connection
 
   const taskOf = async (arg: Arg, statuses: string[] | undefined, verb: string): Promise<{ conn: FolderConnection; task: Task } | undefined> => {
     if (arg && "kind" in arg && arg.kind === "task") return { conn: arg.conn, task: arg.task };
+    // From the diff editor's title bar (VS Code passes the file's URI): the task of that diff.
+    const inDiff = arg instanceof vscode.Uri ? activeDiffTask() : undefined;
+    const diffConn = inDiff && conns.all.find((c) => c.root === inDiff.root);
+    if (inDiff && diffConn) {
+      const task = diffConn.store.task(inDiff.taskId);
+      if (task && (!statuses || statuses.includes(task.status))) return { conn: diffConn, task };
+    }
     const conn = await connOf(arg);
     if (!conn) return undefined;
     const t = targetOf(arg);

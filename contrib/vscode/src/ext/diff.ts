@@ -32,13 +32,34 @@ export class GitContentProvider implements vscode.TextDocumentContentProvider {
   }
 }
 
-export function gitUri(root: string, rev: string, file: string): vscode.Uri {
-  return vscode.Uri.from({ scheme: SCHEME, path: `/${file}`, query: JSON.stringify({ root, rev }) });
+export function gitUri(root: string, rev: string, file: string, taskId?: string): vscode.Uri {
+  return vscode.Uri.from({ scheme: SCHEME, path: `/${file}`, query: JSON.stringify({ root, rev, taskId }) });
+}
+
+/** The task whose diff the active editor shows (its left side is one of our `gridd-git:` URIs), if any. */
+export function activeDiffTask(): { root: string; taskId: string } | undefined {
+  const input = vscode.window.tabGroups.activeTabGroup.activeTab?.input;
+  if (!(input instanceof vscode.TabInputTextDiff) || input.original.scheme !== SCHEME) return undefined;
+  try {
+    const q = JSON.parse(input.original.query) as { root?: string; taskId?: string };
+    return q.root && q.taskId ? { root: q.root, taskId: q.taskId } : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Keep the `gridd.inTaskDiff` context key (the diff editor's title-bar actions) in step with the active tab. */
+export function trackTaskDiff(): vscode.Disposable {
+  const update = (): void => {
+    void vscode.commands.executeCommand("setContext", "gridd.inTaskDiff", activeDiffTask() !== undefined);
+  };
+  update();
+  return vscode.window.tabGroups.onDidChangeTabs(update);
 }
 
 /** Open one file of the diff; returns the title of the editor it opened. */
 export async function openFileDiff(conn: FolderConnection, diff: TaskDiff, file: string, worktree: string | null | undefined): Promise<string> {
-  const left = gitUri(conn.root, diff.base, file);
+  const left = gitUri(conn.root, diff.base, file, diff.taskId);
   // The worktree (editable, current) while the task is still its agent's; its head commit
   // once it is approved, since the merge queue may remove the worktree.
   const status = conn.store.task(diff.taskId)?.status;

@@ -9,7 +9,7 @@ import * as path from "node:path";
 
 import * as vscode from "vscode";
 
-import { conflictFiles, linkBanner, reviewEditsNote, type LinkBanner } from "../client/review";
+import { agentsRow, conflictFiles, linkBanner, reviewEditsNote, type LinkBanner } from "../client/review";
 import type { Agent, Question, Task } from "../client/types";
 import type { FolderConnection } from "./connection";
 import type { Connections } from "./manager";
@@ -254,7 +254,7 @@ export const buildSession: Build = (conn) => {
   } else {
     out.push(info("session: stopped", s.stopReason ? `stop reason: ${s.stopReason}` : "start one from here", "debug-stop", { title: "Start", command: "gridd.startSession", arguments: [conn] }));
   }
-  out.push(info("agents", `${agents} of ${s.maxAgents}`, "hubot"));
+  out.push(info("agents", agentsRow(agents, s.maxAgents, s.started), "hubot"));
   const spent = s.spentUsd ?? 0;
   out.push(info("spent", s.budgetUsd != null ? `${money(spent)} of ${money(s.budgetUsd)}` : money(spent), "credit-card"));
   const stats = conn.state.stats;

@@ -2,6 +2,7 @@ import { strict as assert } from "node:assert";
 import { test } from "node:test";
 
 import {
+  agentsRow,
   answerChoices,
   cancelImpact,
   conflictFiles,
@@ -95,4 +96,11 @@ test("each link state has its own banner; a clean stop is not 'connecting'", () 
   assert.equal(linkBanner({ ...base, everConnected: true }), "stopped");
   assert.equal(linkBanner({ ...base, connected: true }), "connected");
   assert.equal(linkBanner({ ...base, connected: true, versionOk: false }), "version-mismatch");
+});
+
+test("the agents row counts what the daemon counts, and says when hand-started agents exceed the limit", () => {
+  assert.equal(agentsRow(2, 3, true), "2 of 3");
+  assert.equal(agentsRow(4, 3, true), "4 running: 1 over the session's limit of 3 (started by hand); no new one starts until below it");
+  assert.equal(agentsRow(1, 3, false), "1 running (no session: started by hand)");
+  assert.equal(agentsRow(0, 3, false), "none running");
 });

@@ -92,9 +92,9 @@ async function runUi(out) {
         return view.isVisible();
       }, "the Gridd view container", 30000, 500);
       console.log(`view after ${Date.now() - t0} ms`);
-      await view.getByText("ask: ready").waitFor({ timeout: 20000 });
+      await view.locator('[aria-label^="ask: ready"]').waitFor({ timeout: 20000 });
       console.log(`tree after ${Date.now() - t0} ms`);
-      await view.getByText("dep: pending").waitFor({ timeout: 5000 });
+      await view.locator('[aria-label^="dep: pending"]').waitFor({ timeout: 5000 });
       await page.locator(".statusbar-item", { hasText: "$0.00" }).first().waitFor({ timeout: 5000 });
     });
 
@@ -107,7 +107,7 @@ async function runUi(out) {
       const input = page.locator(".quick-input-widget input");
       await input.fill("feat-e2e");
       await page.keyboard.press("Enter");
-      await view.getByText("ask: working").waitFor({ timeout: 20000 });
+      await view.locator('[aria-label^="ask: working"]').waitFor({ timeout: 20000 });
       await view.getByText("session: feat-e2e").waitFor({ timeout: 10000 });
       const s = await api(sock, "GET", "/state");
       if (!s.session.started || s.session.featureBranch !== "feat-e2e") throw new Error(`session: ${JSON.stringify(s.session)}`);
@@ -159,7 +159,7 @@ async function runUi(out) {
       const wt = (await api(sock, "GET", "/tasks/ask")).worktree;
       const text = fs.readFileSync(path.resolve(repo, wt, "answer.txt"), "utf8");
       if (text.trim() !== "blue") throw new Error(`the agent wrote ${JSON.stringify(text)}`);
-      await view.getByText("ask: review").waitFor({ timeout: 10000 });
+      await view.locator('[aria-label^="ask: review"]').waitFor({ timeout: 10000 });
     });
 
     await run.step("a task reaching review is announced and counted in the badge", async () => {
@@ -186,7 +186,7 @@ async function runUi(out) {
       await palette("Gridd: Approve Task", "ask");
       await choose("ask");
       await waitFor(async () => (await api(sock, "GET", "/tasks/dep")).attempts >= 1, "dep to get an agent", 30000);
-      await view.getByText(/dep: (working|review)/).first().waitFor({ timeout: 15000 });
+      await view.locator('[aria-label^="dep: working"], [aria-label^="dep: review"]').first().waitFor({ timeout: 15000 });
     });
 
     await run.step("rejecting a task with feedback reruns it", async () => {
@@ -273,7 +273,7 @@ async function runUi(out) {
       if (errors) throw new Error(`${errors} error notifications while gridd was down`);
       await gridd.start();
       await api(sock, "POST", "/tasks", { id: "after", title: "Created after the restart" });
-      await view.getByText("after: ready").waitFor({ timeout: 20000 });
+      await view.locator('[aria-label^="after: ready"]').waitFor({ timeout: 20000 });
       await waitFor(async () => !(await view.getByText("not connected").first().isVisible()), "'not connected' to go away", 10000);
     });
 

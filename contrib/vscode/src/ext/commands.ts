@@ -11,7 +11,7 @@ import * as path from "node:path";
 
 import * as vscode from "vscode";
 
-import type { Agent, Task } from "../client/types";
+import type { Agent, Conflict, Task } from "../client/types";
 import type { AgentOutputs } from "./agentOutput";
 import type { FolderConnection } from "./connection";
 import { startDaemon } from "./daemon";
@@ -292,6 +292,24 @@ export function registerCommands(ctx: vscode.ExtensionContext, conns: Connection
     const ok = await vscode.window.showWarningMessage(`Kill ${sel.agent.id}? Its task becomes blocked.`, { modal: true }, "Kill");
     if (ok !== "Kill") return undefined;
     return guarded(sel.conn, () => sel.conn.call("POST", `/agents/${encodeURIComponent(sel.agent.id)}/kill`));
+  });
+
+  // -- conflicts ------------------------------------------------------------------------------------
+  reg("gridd.showConflict", async (arg) => {
+    const c = (arg as { conflict?: Conflict } | undefined)?.conflict;
+    const conn = await connOf(arg);
+    if (!c || !conn) return undefined;
+    const tasks = c.tasks ?? [];
+    const who = c.kind === "feature" ? `${tasks.join(", ")} and what landed on the feature branch` : tasks.join(" and ");
+    const detail = [
+      `Both change: ${c.files.join(", ")}.`,
+      c.predictedConflict ? `git merge-tree predicts a conflict in ${(c.conflictFiles ?? c.files).join(", ")}.` : "No conflict is predicted yet: the same files, merged cleanly so far.",
+    ].join("\n");
+    const buttons = tasks.map((t) => `Diff of ${t}`);
+    const choice = await vscode.window.showInformationMessage(`gridd: ${who} overlap`, { modal: true, detail }, ...buttons);
+    const taskId = choice?.replace(/^Diff of /, "");
+    if (!taskId) return undefined;
+    return vscode.commands.executeCommand("gridd.openDiff", { folder: conn.root, taskId, file: (c.conflictFiles ?? c.files)[0] });
   });
 
   // -- questions ----------------------------------------------------------------------------------

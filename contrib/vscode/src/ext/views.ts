@@ -103,9 +103,11 @@ function renderLive(node: Node): vscode.TreeItem {
     }
     case "task": {
       const t = node.task;
-      const item = new vscode.TreeItem(`${t.id}: ${t.status}`, vscode.TreeItemCollapsibleState.Collapsed);
+      // The status is the group's (or the view's): the label is the id, the title follows.
+      const item = new vscode.TreeItem(t.id, vscode.TreeItemCollapsibleState.Collapsed);
       const conflicted = conflictFiles(t);
       item.description = conflicted.length ? `unresolved conflict in ${conflicted.join(", ")} · ${taskDescription(t)}` : taskDescription(t);
+      item.accessibilityInformation = { label: `${t.id}: ${t.status}, ${item.description}` };
       const review = t.status === "review" ? `\n\n${reviewEditsNote(reviewEdits(node.conn))}` : "";
       const marked = conflicted.length ? `\n\n$(warning) unresolved conflict in ${conflicted.join(", ")}: approving asks first` : "";
       item.tooltip = new vscode.MarkdownString(`**${t.title}**\n\n${t.error ? `error: ${t.error}\n\n` : ""}${t.prompt ?? ""}${marked}${review}`, true);
@@ -300,6 +302,7 @@ export const buildMerges: Build = (conn) => {
       label: `overlap: ${who || "tasks"}`,
       description: `${c.files.join(", ")}${predicted}`,
       icon: c.predictedConflict ? "warning" : "git-compare",
+      command: { title: "Details", command: "gridd.showConflict", arguments: [{ folder: conn.root, conflict: c }] },
       tooltip: `${c.kind ?? "tasks"}: both change ${c.files.join(", ")}${predicted}`,
     });
   }

@@ -44,12 +44,17 @@ FAN_OUT_BYTES_PER_TURN = 256 * 1024
 class Budget:
     """The bytes of distinct events held by any subscriber queue, against ``limit``."""
 
-    __slots__ = ("freed", "held", "limit", "peak")
+    __slots__ = ("freed", "held", "limit", "peak", "pending")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.held = 0
         self.peak = 0
+        #: Bytes of events published but not yet delivered to any queue: waiting for the
+        #: store's writer to commit them, or for their turn to be fanned out. A publisher
+        #: that paces itself on ``held`` alone would see nothing of a burst until it lands
+        #: in the queues all at once (``pool.pacing`` counts both).
+        self.pending = 0
         #: Bytes of events every holder has let go of, ever: grows as readers take events,
         #: whatever is published meanwhile (``pool.pacing`` judges readers' progress by it).
         self.freed = 0
@@ -266,6 +271,7 @@ class EventBus:
         rolls back; later when the store has queued it). A full disk raises ``StoreError``
         and nobody hears anything."""
         event = self._store.append_event(type_, data or {})
+        self.budget.pending += event._nbytes
         self._store.after_commit(lambda: self._fan_out(event))
         return event
 
@@ -277,6 +283,7 @@ class EventBus:
         if not datas:
             return []
         events = self._store.append_events(type_, datas, payloads=payloads)
+        self.budget.pending += sum(event._nbytes for event in events)
 
         def fan_out() -> None:
             size = 0
@@ -323,6 +330,7 @@ class EventBus:
 
     def _deliver(self, event: Event) -> None:
         self.last_id = event.id
+        self.budget.pending -= event._nbytes
         for sub in list(self._subscribers):
             if sub.wants(event) and not sub._offer(event):
                 self._subscribers.discard(sub)

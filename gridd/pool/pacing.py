@@ -7,7 +7,7 @@ queues with the whole flood: a 20 MiB burst held ~45 MB of chunks, their JSON an
 encodings at once, although every byte is already safe on disk.
 
 So between looks a watcher checks what the bus holds for its subscribers
-(``EventBus.budget.held``, bytes of queued events counted once). Above ``high`` it waits,
+(``EventBus.budget.held`` plus ``budget.pending``: bytes of queued events counted once, and of events published but not yet delivered). Above ``high`` it waits,
 for as long as the readers make progress (the backlog goes down): the log on disk is the
 buffer, and memory stays near ``high``. A backlog that does not move for ``patience`` is a
 stalled reader's: the watcher stops waiting for it (the bus's own limits deal with a stalled

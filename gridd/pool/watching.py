@@ -102,7 +102,8 @@ class Watcher:
         self._sweeping = False
         self.on_exit: OnExit | None = None
         self.pacer = OutputPacer(
-            held=lambda: ctx.bus.budget.held, taken=lambda: ctx.bus.budget.freed
+            held=lambda: ctx.bus.budget.held + ctx.bus.budget.pending,
+            taken=lambda: ctx.bus.budget.freed,
         )
         #: Reads and publishes the output of every run that wrote (one task for all).
         self.output = OutputPass(ctx, reader=reader, pacer=self.pacer)

@@ -10,6 +10,36 @@ from pathlib import Path
 
 from gridd.errors import WorkspaceError
 
+#: What git calls its repository-local environment (``git rev-parse --local-env-vars``): set,
+#: they choose the repository and index every git command works on, wherever it runs.
+GIT_REPOSITORY_ENV = (
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_COMMON_DIR",
+    "GIT_CONFIG",
+    "GIT_CONFIG_COUNT",
+    "GIT_CONFIG_PARAMETERS",
+    "GIT_DIR",
+    "GIT_GRAFT_FILE",
+    "GIT_IMPLICIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_INTERNAL_SUPER_PREFIX",
+    "GIT_NO_REPLACE_OBJECTS",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_PREFIX",
+    "GIT_REPLACE_REF_BASE",
+    "GIT_SHALLOW_FILE",
+    "GIT_WORK_TREE",
+)
+
+
+def forget_inherited_git_repository() -> list[str]:
+    """Drop the repository git chose for whoever started us. Started from a git hook, an
+    alias or ``git bisect run``, a process inherits ``GIT_DIR`` and its kin, and every git
+    call of gridd's, and of its agents, would then act on that repository, not on the
+    workspace found from the directory. Returns the names dropped (for a log line)."""
+    return [name for name in GIT_REPOSITORY_ENV if os.environ.pop(name, None) is not None]
+
+
 #: sun_path is 108 bytes on Linux (104 on macOS) including the terminating NUL.
 SOCKET_PATH_MAX = 103 if sys.platform == "darwin" else 107
 

@@ -49,6 +49,7 @@ from gridd.cli.tasks_cmd import TASK
 from gridd.cli.trust_cmd import TRUST
 from gridd.errors import DaemonUnreachable, GriddError
 from gridd.model import ConflictItem
+from gridd.workspace import forget_inherited_git_repository
 
 __all__ = ["COMMANDS", "EXIT_ERROR", "EXIT_OK", "EXIT_UNREACHABLE", "EXIT_USAGE", "main"]
 
@@ -241,6 +242,7 @@ def report(exc: GriddError) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    forget_inherited_git_repository()  # the daemon it starts inherits our environment
     ctx = Context(args, parser=parser)
     try:
         run: Any = args.command_run

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from gridd import __version__
+from gridd.workspace import forget_inherited_git_repository
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    forget_inherited_git_repository()  # before the workspace is found from the directory
     if args.check_state:
         return check_state(args.workspace)
     if args.check_config:

@@ -1,0 +1,54 @@
+"""A gridd started with another repository's ``GIT_DIR`` in its environment (from a git hook,
+an alias, ``git bisect run``) serves the workspace it was started in and never touches that
+other repository: neither its config, its refs nor its worktrees."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from tests import helpers
+from tests.helpers import make_repo, remove_repo, wait_for
+
+
+def _git(repo: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True, env=None
+    )
+    return done.stdout
+
+
+def test_a_gridd_started_under_another_repositorys_git_dir_leaves_that_repository_alone(
+    ws: Path,
+) -> None:
+    decoy = make_repo()
+    try:
+        config_before = (decoy / ".git" / "config").read_text()
+        refs_before = _git(decoy, "for-each-ref")
+        env = {
+            **helpers.GRIDCTL_ENV,
+            "GRID_EXAMPLE_DELAY": "0",
+            "GIT_DIR": str(decoy / ".git"),
+            "GIT_WORK_TREE": str(decoy),
+            "GIT_INDEX_FILE": str(decoy / ".git" / "index"),
+        }
+        added = helpers.gridctl(ws, "task", "add", "x", "--prompt", "make x", env=env)
+        assert added.returncode == 0, added.stderr
+        task = added.stdout.split()[2]  # "created task <id> (ready)"
+        started = helpers.gridctl(ws, "session", "start", "--branch", "feat", env=env)
+        assert started.returncode == 0, started.stderr
+
+        def status() -> str:
+            listed = helpers.gridctl(ws, "task", "list", "--json", env=env)
+            return str({t["id"]: t["status"] for t in json.loads(listed.stdout)}.get(task))
+
+        wait_for(lambda: status() == "review", timeout=60, message=f"task {task} in review")
+        assert (ws / ".grid" / "gridd.sock").exists()
+        assert f"refs/heads/grid/{task}" in _git(ws, "for-each-ref")
+        assert (decoy / ".git" / "config").read_text() == config_before
+        assert _git(decoy, "for-each-ref") == refs_before
+        assert not (decoy / ".grid").exists()
+        assert _git(decoy, "worktree", "list").count("\n") == 1
+    finally:
+        remove_repo(decoy)

@@ -199,6 +199,14 @@ class Worktrees:
         async with self._adding:
             return await git(self.root, "worktree", "add", *args, check=check, timeout=timeout)
 
+    async def prune(self, *, timeout: float | None = None) -> None:
+        """``git worktree prune``, never while a ``worktree add`` runs: an add's admin
+        directory has no worktree yet, so a prune beside it removes it and the add fails
+        ("could not open .git/worktrees/<name>/locked"), as three starts resuming at once
+        after a read-only disk did."""
+        async with self._adding:
+            await git(self.root, "worktree", "prune", timeout=timeout)
+
     async def setup(self) -> None:
         """Keep ``.grid/`` out of ``git status`` without touching tracked files."""
         info = self.root / ".git" / "info"
@@ -265,7 +273,7 @@ class Worktrees:
             # Worktree and branch both gone (removed by hand, or by an earlier gridd): there
             # is nothing left to go back to, so the run starts afresh from the base branch.
             log.warning("the worktree and branch of %s are gone: starting it afresh", task_id)
-            await git(self.root, "worktree", "prune")  # (a worktree deleted by hand)
+            await self.prune()  # (a worktree deleted by hand)
             known_base = None
         if known_base is None:
             base = await (self.ensure_branch(base_branch) if base_branch else self.head_commit())
@@ -286,7 +294,7 @@ class Worktrees:
                 return Worktree(task_id, path, branch, base)
         base = known_base or await self.base_of(branch)
         if not (path / ".git").exists():
-            await git(self.root, "worktree", "prune")
+            await self.prune()
             await self.add("--", str(path), branch)
         return Worktree(task_id, path, branch, base)
 
@@ -305,7 +313,7 @@ class Worktrees:
         if (path / ".git").exists():
             await git(path, "reset", "-q", "--hard", base)
         else:
-            await git(self.root, "worktree", "prune")
+            await self.prune()
             await git(self.root, "branch", "-f", "--", branch, base)
             await self.add("--", str(path), branch)
         return True

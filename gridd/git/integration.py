@@ -69,7 +69,7 @@ class Integration:
     async def reset(self, tip: str) -> None:
         """The worktree, clean and detached at ``tip`` (created when missing)."""
         if not (self.path / ".git").exists():
-            await self._git(self.root, "worktree", "prune")
+            await self.worktrees.prune(timeout=self.git_timeout)
             if self.path.exists() and not any(self.path.iterdir()):
                 self.path.rmdir()
             await self.worktrees.add(

@@ -450,6 +450,7 @@ class Grid:
             subscribers=self.bus.subscriber_count,
             last_beads_sync=self.beads.last_sync_at,
             warnings=list(self.warnings),
+            review_edits=self.settings.merge.review_edits,
         )
 
     def repo_state(self) -> RepoState:

@@ -221,6 +221,9 @@ class DaemonInfo(WireModel):
     subscribers: int
     last_beads_sync: datetime | None = None
     warnings: list[str] = Field(default_factory=list)
+    #: ``[merge] review_edits``: what an approve does with uncommitted changes in a task's
+    #: worktree (``commit`` or ``refuse``), so an editor can say it before the approve.
+    review_edits: str = "commit"
 
 
 class ConflictItem(WireModel):

@@ -72,3 +72,22 @@ def test_refuse_answers_409_worktree_dirty_and_keeps_the_edit(repo: Path, logdir
         c.post("/tasks/t/approve")
         wait_task_status(c, "t", "done")
         assert git(repo, "show", "feature/strict:a.txt") == "the reviewer's fix\n"
+
+
+@pytest.mark.parametrize("mode", ["commit", "refuse"])
+def test_the_daemon_reports_its_review_edits_policy_in_state_and_snapshot(
+    repo: Path, logdir: Path, mode: str
+) -> None:
+    # An editor says what an approve will do with the reviewer's edits before it happens;
+    # it asks the daemon (the policy it runs with), not the config file it may not share.
+    configure(repo, logdir, merge={"review_edits": mode} if mode == "refuse" else None)
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        assert c.get("/state")["daemon"]["reviewEdits"] == mode
+        stream = c.events(read_timeout=10)
+        try:
+            snapshot = next(stream)
+        finally:
+            stream.close()  # type: ignore[attr-defined]
+        assert snapshot.type == "state.snapshot"
+        assert snapshot.data["daemon"]["reviewEdits"] == mode

@@ -42,28 +42,20 @@ function stringList(v: unknown): string[] {
   return Array.isArray(v) ? v.filter((x): x is string => typeof x === "string") : [];
 }
 
-/** The daemon's `[merge] review_edits` from `.grid/config.toml`'s text ("commit" by default). */
-export function reviewEditsMode(configToml: string | undefined): "commit" | "refuse" {
-  if (!configToml) return "commit";
-  let section = "";
-  for (const raw of configToml.split(/\r?\n/)) {
-    const line = raw.replace(/#.*$/, "").trim();
-    const header = /^\[([^\]]+)\]$/.exec(line);
-    if (header) {
-      section = (header[1] ?? "").trim();
-      continue;
-    }
-    const kv = /^review_edits\s*=\s*["']?(\w+)["']?$/.exec(line);
-    if (section === "merge" && kv) return kv[1] === "refuse" ? "refuse" : "commit";
-  }
-  return "commit";
+export type ReviewEdits = "commit" | "refuse";
+
+/** The daemon's `[merge] review_edits`, as it reports it (`daemon.reviewEdits` in its state);
+ * undefined for a gridd too old to say. */
+export function reviewEditsMode(state: Pick<RepoState, "daemon">): ReviewEdits | undefined {
+  const mode = state.daemon.reviewEdits;
+  return mode === "commit" || mode === "refuse" ? mode : undefined;
 }
 
 /** One sentence on what an approve does with edits made in the task's worktree. */
-export function reviewEditsNote(mode: "commit" | "refuse"): string {
-  return mode === "refuse"
-    ? "Uncommitted edits in its worktree stop the approve (review_edits = refuse): commit or discard them first."
-    : "Uncommitted edits in its worktree are committed on its branch as a review commit and merged with it (review_edits = commit).";
+export function reviewEditsNote(mode: ReviewEdits | undefined): string {
+  if (mode === "refuse") return "Uncommitted edits in its worktree stop the approve (review_edits = refuse): commit or discard them first.";
+  if (mode === "commit") return "Uncommitted edits in its worktree are committed on its branch as a review commit and merged with it (review_edits = commit).";
+  return "What the approve does with uncommitted edits in its worktree depends on the daemon's [merge] review_edits (this gridd does not report it; upgrade it to see it here).";
 }
 
 /** Tasks that reached review since `before` (ids and statuses seen last time). */

@@ -75,7 +75,8 @@ export interface RepoState {
   pendingQuestions: Question[];
   stats: Record<string, number>;
   conflicts?: Conflict[];
-  daemon: { version?: string; apiVersion?: number; lastEventId?: number; workspace?: string; [key: string]: unknown };
+  /** `reviewEdits`: the daemon's `[merge] review_edits` (absent from an older gridd). */
+  daemon: { version?: string; apiVersion?: number; lastEventId?: number; workspace?: string; reviewEdits?: string; [key: string]: unknown };
   [key: string]: unknown;
 }
 

@@ -3,25 +3,18 @@
  * Reject), a warning when the daemon refuses a merge for conflict markers, word of review
  * edits committed at approve, and the daemon's `review_edits` setting.
  *
- * gridd does not expose its `[merge] review_edits` over the API; the extension reads it from
- * the workspace's `.grid/config.toml` (the daemon's own file), "commit" when absent.
+ * What an approve does with uncommitted edits follows the daemon's `[merge] review_edits`,
+ * as the daemon reports it in its state (`daemon.reviewEdits`), never guessed from a file.
  */
-
-import * as fs from "node:fs";
-import * as path from "node:path";
 
 import * as vscode from "vscode";
 
-import { conflictFiles, newlyInReview, reviewEditsMode } from "../client/review";
+import { conflictFiles, newlyInReview, reviewEditsMode, type ReviewEdits } from "../client/review";
 import type { GriddEvent } from "../client/types";
 import type { FolderConnection } from "./connection";
 
-export function reviewEdits(conn: FolderConnection): "commit" | "refuse" {
-  try {
-    return reviewEditsMode(fs.readFileSync(path.join(conn.root, ".grid", "config.toml"), "utf8"));
-  } catch {
-    return "commit";
-  }
+export function reviewEdits(conn: FolderConnection): ReviewEdits | undefined {
+  return reviewEditsMode(conn.state);
 }
 
 export class ReviewNotifier implements vscode.Disposable {

@@ -49,12 +49,15 @@ test("a task is marked for unresolved markers and for a conflict that came back,
   assert.deepEqual(conflictFiles(task("a", "review", { conflictUnresolved: ["x.py", "y.py"], mergeConflict: ["y.py"] })), ["x.py", "y.py"]);
 });
 
-test("review_edits is read from .grid/config.toml's [merge] section, commit by default", () => {
-  assert.equal(reviewEditsMode(undefined), "commit");
-  assert.equal(reviewEditsMode('[merge]\nreview_edits = "refuse"  # strict\n'), "refuse");
-  assert.equal(reviewEditsMode('[other]\nreview_edits = "refuse"\n[merge]\non_conflict = "human"\n'), "commit");
+test("review_edits is what the daemon reports in its state, never a guess from a file", () => {
+  const state = (reviewEdits?: string): RepoState => ({ ...emptyState(), daemon: reviewEdits === undefined ? {} : { reviewEdits } });
+  assert.equal(reviewEditsMode(state("refuse")), "refuse");
+  assert.equal(reviewEditsMode(state("commit")), "commit");
+  assert.equal(reviewEditsMode(state()), undefined); // an older gridd does not say
+  assert.equal(reviewEditsMode(state("something-new")), undefined);
   assert.match(reviewEditsNote("commit"), /committed on its branch as a review commit/);
   assert.match(reviewEditsNote("refuse"), /stop the approve/);
+  assert.match(reviewEditsNote(undefined), /does not report it/);
 });
 
 test("a review notification is due only for tasks that newly reached review after the first load", () => {

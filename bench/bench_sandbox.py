@@ -19,7 +19,7 @@ from typing import Any
 
 from bench.bench_spawn import TRIVIAL_AGENT, EventTap, _of_task, agent_daemon, api
 from bench.common import Check, RawHTTP, latency_baseline, median, ms_summary, result
-from gridd.agents import landlock
+from gridd.runs import landlock
 
 NAME = "sandbox"
 RUNS = 16

@@ -60,7 +60,7 @@ TARGET_RATIO = 3.0
 
 #: A trivial agent: one file in its worktree, no output. The same argv runs in the baseline.
 TRIVIAL_AGENT = ["/bin/sh", "-c", 'echo "work for $GRID_TASK_ID" > "$GRID_TASK_ID.txt"']
-#: What gridd adds to git calls (``gridd.worktrees``): identity only when none is configured.
+#: What gridd adds to git calls (``gridd.git.worktrees``): identity only when none is configured.
 GIT_IDENTITY = ["-c", "user.name=gridd", "-c", "user.email=gridd@localhost"]
 
 
@@ -328,7 +328,7 @@ class EventTap:
 
 
 def git_env() -> dict[str, str]:
-    """The environment gridd gives git (``gridd.worktrees.git``)."""
+    """The environment gridd gives git (``gridd.git.worktrees.git``)."""
     return {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
 
 

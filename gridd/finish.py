@@ -14,13 +14,11 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from gridd.agents.executor import ExitStatus
-from gridd.agents.output import OutputLog
-from gridd.agents.watch import RunWatch
 from gridd.errors import GriddError
 from gridd.events import EventBus
 from gridd.git.integrity import merge_head, own_worktree
 from gridd.git.unresolved import Unresolved
+from gridd.git.worktrees import Worktree, Worktrees
 from gridd.ids import kept_branch
 from gridd.lifecycle import move_agent, move_task
 from gridd.model import Agent, AgentStatus, Task, TaskStatus, utcnow
@@ -39,9 +37,11 @@ from gridd.outcome import (
 )
 from gridd.pool.roster import Roster
 from gridd.questions import QuestionBook
+from gridd.runs.executor import ExitStatus
+from gridd.runs.output import OutputLog
+from gridd.runs.watch import RunWatch
 from gridd.settings import AgentProfile, Settings
 from gridd.state import GridState
-from gridd.worktrees import Worktree, Worktrees
 
 log = logging.getLogger(__name__)
 

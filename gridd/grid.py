@@ -16,22 +16,21 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 
 from gridd import API_VERSION, HANDOVER_PROTOCOL, __version__
-from gridd.agents.executor import Executor
-from gridd.agents.executors import build_executor
 from gridd.background import Background
-from gridd.daemon_metrics import DaemonMetrics
+from gridd.commands import Commands
 from gridd.dbguard import Problem
 from gridd.diskfault import DISK_PART, DiskFault
 from gridd.errors import GriddError
 from gridd.events import EventBus
 from gridd.finish import Finisher
 from gridd.git import radar
-from gridd.git.conflicts import ConflictPolicy
 from gridd.git.merge import MergeQueue, PauseSeam
+from gridd.git.on_conflict import ConflictPolicy
 from gridd.git.prepared import PreparedWorktrees
 from gridd.git.radar import Radar
 from gridd.git.unresolved import UNRESOLVED_QUESTION, Unresolved
-from gridd.intents import Commands
+from gridd.git.worktrees import Worktrees
+from gridd.metrics.daemon import DaemonMetrics
 from gridd.model import (
     DaemonInfo,
     Health,
@@ -46,6 +45,8 @@ from gridd.notify import Notifier
 from gridd.pool import AgentPool
 from gridd.questions import QuestionBook
 from gridd.recovery import recover
+from gridd.runs.executor import Executor
+from gridd.runs.executors import build_executor
 from gridd.scheduler import Scheduler
 from gridd.settings import Settings
 from gridd.sources.beads import SOURCE as BEADS
@@ -53,7 +54,6 @@ from gridd.sources.beads import BeadsSource
 from gridd.state import GridState
 from gridd.store import Store
 from gridd.workspace import Workspace
-from gridd.worktrees import Worktrees
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class Grid:
         self.state = GridState(store, self.bus)
         self.worktrees = Worktrees(workspace.root, workspace.worktrees_dir)
         self.questions = QuestionBook(store=store, state=self.state, bus=self.bus)
-        #: Starts, signals and reattaches agents: here or in boxes (agents/executors.py).
+        #: Starts, signals and reattaches agents: here or in boxes (runs/executors.py).
         self.executor: Executor = executor or build_executor(workspace, settings)
         self.pool = AgentPool(
             workspace=workspace,

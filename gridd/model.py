@@ -149,7 +149,7 @@ class Agent(WireModel):
     # could make it exit with a code of its own, so an exit 0 is its own completion, even
     # with a stop asked for meanwhile (``pool/stopping.py``, ``outcome.decide``).
     signalled_at: datetime | None = None
-    # What the kernel lets the run touch (``agents/sandbox.py``): mode, writable, hidden.
+    # What the kernel lets the run touch (``runs/sandbox.py``): mode, writable, hidden.
     # None: no sandbox (mode off).
     sandbox: dict[str, Any] | None = None
     # Where the run executes (docs/executors.md): None on this machine; in a box, the

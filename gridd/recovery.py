@@ -15,11 +15,11 @@ from pathlib import Path
 
 from gridd.errors import GriddError
 from gridd.events import EventBus
+from gridd.git.worktrees import Worktrees
 from gridd.lifecycle import move_task
 from gridd.model import TERMINAL_TASK_STATUSES, TaskStatus
 from gridd.pool import AgentPool
 from gridd.state import GridState
-from gridd.worktrees import Worktrees
 
 log = logging.getLogger(__name__)
 

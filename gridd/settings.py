@@ -198,7 +198,7 @@ DEFAULT_HIDDEN = (
 
 class SandboxSettings(_Section):
     """``[agents.<name>.sandbox]``: what the kernel lets a run of this profile touch
-    (``agents/sandbox.py``; enforced with Landlock by the shim)."""
+    (``runs/sandbox.py``; enforced with Landlock by the shim)."""
 
     mode: Literal["off", "read-only", "workspace"] = Field(
         default="off",
@@ -277,7 +277,7 @@ def builtin_profiles() -> dict[str, AgentProfile]:
     """Profiles that exist without any configuration."""
     return {
         "example": AgentProfile(
-            command=[sys.executable, "-m", "gridd.agents.example", "{prompt}"],
+            command=[sys.executable, "-m", "gridd.runs.example", "{prompt}"],
             adapter="heartbeat",
             cost_per_session=0.0,
         ),
@@ -314,7 +314,7 @@ def builtin_profiles() -> dict[str, AgentProfile]:
 
 
 class WatchSettings(_Section):
-    """How agent watchers learn that an agent wrote something (``agents/wakeups.py``)."""
+    """How agent watchers learn that an agent wrote something (``runs/wakeups.py``)."""
 
     notify: bool = Field(
         default=True, description="File notifications (inotify) wake watchers; false = poll"

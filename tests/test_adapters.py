@@ -795,8 +795,8 @@ def test_fake_claude_usage_limit_and_garbage(tmp_path: Path) -> None:
 
 
 def test_a_claude_run_replayed_after_a_restart_knows_its_final_result(tmp_path: Path) -> None:
-    from gridd.agents.output import OutputLog
-    from gridd.agents.watch import RunWatch
+    from gridd.runs.output import OutputLog
+    from gridd.runs.watch import RunWatch
 
     (tmp_path / "output.log").write_text(transcript("claude-permission.jsonl"))
     log = OutputLog(tmp_path)

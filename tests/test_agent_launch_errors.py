@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gridd.agents.process import AgentProcess
+from gridd.runs.process import AgentProcess
 
 
 async def _start_error(tmp_path: Path, command: str, *, path: str) -> str | None:

@@ -5,7 +5,7 @@ against the repository and the code (events.md's event types are held by test_ev
 What a doc names in backticks is read by its shape: ``GET /tasks/{id}`` is an endpoint,
 ``gridctl task add --depends-on`` a command with a flag, ``[merge] hold_overlapping`` and
 ``scheduler.max_agents`` config keys, ``gridd/store.py``, ``store.py`` and
-``gridd.agents.shim`` code, ``Background.spawn`` a class's attribute. Anything else is prose.
+``gridd.runs.shim`` code, ``Background.spawn`` a class's attribute. Anything else is prose.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def code_problem(text: str) -> str | None:
         if not any(f == text or f.endswith(f"/{text}") for f in python_files()):
             return "no such file"
     elif _DOTTED.match(text) and not _is_other_name(text):
-        # ``agents.shim``, ``health.assess``: a module of gridd's, or a name in one.
+        # ``runs.shim``, ``health.assess``: a module of gridd's, or a name in one.
         first, *rest = text.split(".")
         package, module = CODE / first, (CODE / first).with_suffix(".py")
         nested = [p for p in CODE.rglob(f"{first}.py")]

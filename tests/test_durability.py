@@ -18,8 +18,8 @@ from pathlib import Path
 
 import psutil
 
-from gridd.agents.process import AgentProcess, process_create_time
 from gridd.client import GridClient, SSEEvent
+from gridd.runs.process import AgentProcess, process_create_time
 from tests.helpers import (
     AGENTS_DIR,
     EventFollower,

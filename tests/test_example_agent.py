@@ -1,6 +1,6 @@
 """The bundled example agent commits only when gridd started it.
 
-Run by hand in any checkout (``python -m gridd.agents.example --help`` was the first thing a
+Run by hand in any checkout (``python -m gridd.runs.example --help`` was the first thing a
 new user tried), it used to take ``--help`` for a prompt and commit into that repository.
 Now ``--help`` prints its usage and anything else without gridd's ``GRID_TASK_ID`` is refused
 with exit status 2; the repository is left exactly as it was. Started as gridd starts it,
@@ -20,7 +20,7 @@ import pytest
 def _run(repo: Path, *args: str, **grid_env: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRID_")}
     return subprocess.run(
-        [sys.executable, "-m", "gridd.agents.example", *args],
+        [sys.executable, "-m", "gridd.runs.example", *args],
         cwd=repo,
         env={**env, "GRID_EXAMPLE_DELAY": "0", **grid_env},
         capture_output=True,
@@ -47,7 +47,7 @@ def test_example_agent_help_prints_usage_and_changes_nothing(repo: Path, flag: s
     before = _snapshot(repo)
     result = _run(repo, flag)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("usage: python -m gridd.agents.example PROMPT\n")
+    assert result.stdout.startswith("usage: python -m gridd.runs.example PROMPT\n")
     assert result.stderr == ""
     assert _snapshot(repo) == before
 

@@ -11,10 +11,10 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from gridd.agents.executor import AgentHandle, ExitStatus, Launch
-from gridd.agents.local import LocalExecutor
 from gridd.grid import Grid
 from gridd.model import Agent, TaskStatus
+from gridd.runs.executor import AgentHandle, ExitStatus, Launch
+from gridd.runs.local import LocalExecutor
 from gridd.specs import PlanSpec, SessionStart, normalise_plan
 from tests.helpers import agent_command, inprocess_daemon, kill_workspace_agents
 

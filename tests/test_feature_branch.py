@@ -16,7 +16,7 @@ import pytest
 
 from gridd.client import GridClient
 from gridd.errors import Conflict, ValidationFailed
-from gridd.worktrees import Worktrees
+from gridd.git.worktrees import Worktrees
 from tests.helpers import (
     agent_command,
     core_daemon,

@@ -174,7 +174,7 @@ def test_background_parts_come_from_the_supervisor_when_there_is_one() -> None:
     from types import SimpleNamespace
     from typing import Any
 
-    from gridd.metrics import supervised_parts
+    from gridd.metrics.feed import supervised_parts
 
     background = SimpleNamespace(names=["scheduler", "agent:a1", "notifier"])
     plain: Any = SimpleNamespace(background=background)

@@ -138,7 +138,7 @@ def test_a_daemon_killed_mid_batch_publishes_exactly_the_rest_of_every_agent(
 async def test_a_lone_write_is_read_at_once_and_writes_within_the_window_as_one_batch(
     tmp_path: Path,
 ) -> None:
-    from gridd.agents.wakeups import Wakeups
+    from gridd.runs.wakeups import Wakeups
 
     wakeups = Wakeups(coalesce_seconds=1.0)
     wakeups.start()
@@ -202,8 +202,8 @@ async def test_a_look_after_an_output_only_notice_skips_the_heartbeat_file_never
     tmp_path: Path,
 ) -> None:
     from gridd.adapters.heartbeat import HeartbeatAdapter
-    from gridd.agents.wakeups import Wakeups
-    from gridd.agents.watch import RunWatch
+    from gridd.runs.wakeups import Wakeups
+    from gridd.runs.watch import RunWatch
 
     wakeups = Wakeups(sweep_seconds=60)
     wakeups.start()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gridd.agents import output
-from gridd.agents.output import OutputLog
+from gridd.runs import output
+from gridd.runs.output import OutputLog
 
 
 def _write(run: Path, text: str) -> None:

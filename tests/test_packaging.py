@@ -97,7 +97,7 @@ def test_build_makes_an_sdist_and_a_wheel_that_install_and_run_in_a_clean_venv(
     with zipfile.ZipFile(wheel) as whl:
         names = set(whl.namelist())
         metadata = whl.read(f"gridd-{__version__}.dist-info/METADATA").decode()
-    assert {"gridd/py.typed", "gridd/units/gridd@.service", "gridd/agents/example.py"} <= names
+    assert {"gridd/py.typed", "gridd/units/gridd@.service", "gridd/runs/example.py"} <= names
     assert f"gridd-{__version__}.dist-info/licenses/LICENSE" in names
     assert "License-Expression: MIT" in metadata.splitlines()
     with tarfile.open(sdist) as tar:

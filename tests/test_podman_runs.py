@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gridd.agents.image import default_cache_dir, ensure_image
 from gridd.client import GridClient
+from gridd.runs.image import default_cache_dir, ensure_image
 from tests.helpers import (
     AGENTS_DIR,
     Restartable,

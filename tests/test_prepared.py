@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from gridd.git.prepared import keeps, owned, worth_preparing
+from gridd.git.worktrees import WorktreeGone, Worktrees
 from gridd.model import Task, TaskStatus
-from gridd.worktrees import WorktreeGone, Worktrees
 from tests.helpers import (
     core_daemon,
     event_log,

@@ -18,11 +18,11 @@ from gridd.background import Background
 from gridd.events import EventBus
 from gridd.git import radar as radar_module
 from gridd.git.radar import IDLE_FACTOR, IDLE_MAX_FACTOR, Radar
+from gridd.git.worktrees import GitResult
 from gridd.lifecycle import move_agent
 from gridd.model import Agent, AgentStatus, Task, TaskStatus, utcnow
 from gridd.state import GridState
 from gridd.store import Store
-from gridd.worktrees import GitResult
 
 AGENTS = 6
 PERIOD = 3.0

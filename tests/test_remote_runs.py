@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from gridd.agents.boxes import DirectoryBoxes
-from gridd.agents.remote import RemoteExecutor
 from gridd.cli.render import agents_table
 from gridd.grid import Grid
 from gridd.model import Agent, TaskStatus
+from gridd.runs.boxes import DirectoryBoxes
+from gridd.runs.remote import RemoteExecutor
 from gridd.specs import PlanSpec, SessionStart, normalise_plan
 from tests.helpers import agent_command, git_show, inprocess_daemon, kill_workspace_agents
 
@@ -147,7 +147,7 @@ async def test_a_cancelled_boxed_run_is_stopped_in_its_box_and_the_box_goes(
 def test_the_in_box_inbox_keeps_each_numbered_message_once(boxes: DirectoryBoxes) -> None:
     boxes.base.mkdir()
     (boxes.base / "b").mkdir()
-    shim = [str(Path(__import__("gridd").__file__).parent / "agents" / "boxshim.py")]
+    shim = [str(Path(__import__("gridd").__file__).parent / "runs" / "boxshim.py")]
     root = str(boxes.base / "b")
 
     def put(seq: int, data: bytes) -> str:

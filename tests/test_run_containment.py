@@ -3,7 +3,7 @@ ends (stop, kill, session stop, timeout, or the agent's own exit), even the ones
 the agent's process group with ``setsid()`` or ``setpgid()``, or whose parent exited.
 
 The shim is the agent's child subreaper and ends everything below it when the agent ends
-(``agents/shim.py``). Real daemon, real shims, real processes.
+(``runs/shim.py``). Real daemon, real shims, real processes.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from gridd.agents import landlock
 from gridd.client import GridClient
+from gridd.runs import landlock
 from tests.helpers import (
     agent_command,
     core_daemon,
@@ -264,7 +264,7 @@ def test_a_read_only_sandbox_writes_only_its_tmpdir(
 def test_a_claude_profile_writes_its_own_state_by_default(tmp_path: Path) -> None:
     """The policy, without a process: the claude adapter's ~/.claude and ~/.claude.json are
     writable unless the profile lists its own; ``.grid/`` is hidden whatever it lists."""
-    from gridd.agents.sandbox import sandbox_for
+    from gridd.runs.sandbox import sandbox_for
     from gridd.settings import SandboxSettings
 
     home, grid = tmp_path / "home", tmp_path / "repo" / ".grid"
@@ -301,8 +301,8 @@ def test_a_claude_profile_writes_its_own_state_by_default(tmp_path: Path) -> Non
 def test_a_writable_path_holding_a_hidden_one_is_refused(tmp_path: Path) -> None:
     """Landlock grants a directory with all below it: ``writable = ["~"]`` would make
     ``~/.ssh`` readable, so the run is refused, saying which paths clash."""
-    from gridd.agents.sandbox import sandbox_for
     from gridd.errors import GriddError
+    from gridd.runs.sandbox import sandbox_for
     from gridd.settings import SandboxSettings
 
     home, grid = tmp_path / "home", tmp_path / "repo" / ".grid"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gridd.agents import landlock
+from gridd.runs import landlock
 from tests.anthropic_standin import StandIn, standin, tool
 from tests.helpers import core_daemon, git_show, wait_task_status, write_core_config
 from tests.real_cli import agent_of

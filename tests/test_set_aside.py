@@ -8,7 +8,7 @@ import asyncio
 import subprocess
 from pathlib import Path
 
-from gridd.worktrees import Worktree, Worktrees
+from gridd.git.worktrees import Worktree, Worktrees
 
 
 def git(root: Path, *args: str) -> str:

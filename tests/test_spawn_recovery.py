@@ -30,11 +30,11 @@ import httpx
 import psutil
 import pytest
 
-from gridd.agents.executor import Launch
-from gridd.agents.local import LocalExecutor
-from gridd.agents.starter import SHIM_PATH
 from gridd.errors import DaemonUnreachable
 from gridd.pool.rundirs import new_run
+from gridd.runs.executor import Launch
+from gridd.runs.local import LocalExecutor
+from gridd.runs.starter import SHIM_PATH
 from tests.helpers import (
     Restartable,
     agent_command,

@@ -11,9 +11,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from gridd.agents.wakeups import Wakeups
 from gridd.grid import Grid
 from gridd.liveness import Limits, assess, next_change
+from gridd.runs.wakeups import Wakeups
 from gridd.specs import PlanSpec, SessionStart, normalise_plan
 from tests.helpers import agent_command, inprocess_daemon, kill_workspace_agents
 

@@ -34,7 +34,7 @@ def git(cwd: Path, *args: str) -> None:
 
 
 def task_worktree(root: Path, task_id: str = "t1") -> Path:
-    """A worktree made as gridd makes a task's (``worktrees.py``)."""
+    """A worktree made as gridd makes a task's (``git/worktrees.py``)."""
     path = root / ".grid" / "worktrees" / task_id
     path.parent.mkdir(parents=True, exist_ok=True)
     git(root, "worktree", "add", "-q", "-b", f"grid/{task_id}", "--", str(path), "HEAD")

@@ -25,8 +25,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gridd import memory
 from gridd.api.errors import validate, validation_details
+from gridd.commands import YIELD_ABOVE
 from gridd.errors import ValidationFailed
-from gridd.intents import YIELD_ABOVE
 from gridd.model import WireModel
 from gridd.specs import PlanSpec, TaskSpec
 

@@ -15,7 +15,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gridd.api.spec import grid_of, table
-from gridd.metrics import RequestStats
+from gridd.metrics.feed import RequestStats
 
 #: prometheus_client.CONTENT_TYPE_LATEST, without importing it before the first scrape.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -17,7 +17,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gridd.agents import landlock
 from gridd.cli import daemonctl
 from gridd.cli.context import EXIT_ERROR, EXIT_OK, Command, Context
 from gridd.cli.doctor_checks import (
@@ -34,6 +33,7 @@ from gridd.cli.doctor_checks import (
 from gridd.client import GridClient
 from gridd.errors import GriddError
 from gridd.lockholder import describe, flock_holder
+from gridd.runs import landlock
 from gridd.settings import Settings, load_settings
 from gridd.workspace import Workspace, find_workspace
 

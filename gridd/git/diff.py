@@ -11,8 +11,8 @@ from pathlib import Path
 from pydantic import Field
 
 from gridd.errors import Conflict
+from gridd.git.worktrees import git
 from gridd.model import Task, WireModel
-from gridd.worktrees import git
 
 PATCH_LIMIT = 2 * 1024 * 1024
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gridd.errors import Conflict, ValidationFailed
+from gridd.git.worktrees import git
 from gridd.ids import branch_problem
-from gridd.worktrees import git
 
 #: ``git worktree list`` that failed (a worktree being added beside it) is asked again
 #: after these pauses; the last try's error is the answer.

@@ -16,7 +16,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from gridd.worktrees import GitResult, Worktrees, git
+from gridd.git.worktrees import GitResult, Worktrees, git
 
 #: How much of a failing check's output is kept (its tail).
 CHECK_TAIL_BYTES = 8000

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gridd.errors import GriddError
-from gridd.worktrees import WorktreeGone, git
+from gridd.git.worktrees import WorktreeGone, git
 
 _MARKER = re.compile(r"^(?P<path>.+):(?P<line>\d+): leftover conflict marker$")
 #: Paths as they are (no octal escapes), so they match the allowance globs and the files.

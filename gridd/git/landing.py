@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gridd.worktrees import GitTimeout, git
+from gridd.git.worktrees import GitTimeout, git
 
 #: An index written this recently may belong to a checkout that has yet to move HEAD.
 QUIET_SECONDS = 0.5

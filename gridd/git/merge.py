@@ -31,7 +31,7 @@ under the gate of every riding task; a failing candidate is bisected (the decisi
 A daemon killed anywhere in this leaves nothing half-applied: before the swap, F is
 untouched and the merge is simply redone; after it, the recorded ``merge_commit`` is
 reachable from F and the task is marked done on resume. A conflict or a failed check is
-handed to the session's ``on_conflict`` policy (``conflicts.py``).
+handed to the session's ``on_conflict`` policy (``on_conflict.py``).
 """
 
 from __future__ import annotations
@@ -47,16 +47,16 @@ from pathlib import Path
 from gridd.background import Background
 from gridd.errors import GriddError
 from gridd.events import EventBus
-from gridd.git.conflicts import OUTPUT_TAIL, ConflictPolicy
 from gridd.git.feature import commit_of
 from gridd.git.integration import CheckResult, Conflicted, Integration
 from gridd.git.landing import Held, Landing, Moved
+from gridd.git.on_conflict import OUTPUT_TAIL, ConflictPolicy
 from gridd.git.train import Bisection, Blame
+from gridd.git.worktrees import GitTimeout, Worktrees, git
 from gridd.lifecycle import move_task
 from gridd.model import MergeTrain, Task, TaskStatus, utcnow
 from gridd.settings import MergeSettings
 from gridd.state import GridState
-from gridd.worktrees import GitTimeout, Worktrees, git
 
 log = logging.getLogger(__name__)
 

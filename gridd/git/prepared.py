@@ -4,7 +4,7 @@
 on a large one); made when a slot frees, it sits between one agent's exit and the next
 agent's start. So while agents run, the worktrees of the tasks that will start next (ready
 tasks in start order, then pending tasks whose dependencies are all under way: the next
-wave) are made ahead, as spare shims are started ahead (``agents/starter.py``). Nothing about
+wave) are made ahead, as spare shims are started ahead (``runs/starter.py``). Nothing about
 a prepared worktree is in the task's record: it is the task's ordinary worktree (the same
 path and ``grid/<id>`` branch), made early.
 
@@ -36,10 +36,10 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from gridd.background import Background
+from gridd.git.worktrees import GitError, Worktree, Worktrees, git
 from gridd.model import Task, TaskStatus
 from gridd.plan import start_order
 from gridd.state import GridState
-from gridd.worktrees import GitError, Worktree, Worktrees, git
 
 log = logging.getLogger(__name__)
 

@@ -34,9 +34,9 @@ from pathlib import Path
 
 from gridd.background import Background
 from gridd.events import EventBus
+from gridd.git.worktrees import git
 from gridd.model import Agent, ConflictItem, Task, TaskStatus
 from gridd.state import GridState
-from gridd.worktrees import git
 
 log = logging.getLogger(__name__)
 

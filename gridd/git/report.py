@@ -14,8 +14,8 @@ from pydantic import Field
 from gridd.errors import Conflict
 from gridd.git.diff import DiffFile, parse_diff
 from gridd.git.feature import commit_of
+from gridd.git.worktrees import git
 from gridd.model import SessionState, Task, TaskStatus, WireModel
-from gridd.worktrees import git
 
 MAX_COMMITS = 500
 

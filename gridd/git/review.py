@@ -24,8 +24,8 @@ from pathlib import Path
 
 from gridd.errors import Conflict
 from gridd.git.integrity import ForeignWorktree, own_worktree
+from gridd.git.worktrees import Worktrees, git
 from gridd.model import Task
-from gridd.worktrees import Worktrees, git
 
 
 @dataclass(frozen=True)

@@ -21,14 +21,14 @@ import logging
 from pathlib import Path
 
 from gridd.events import EventBus
-from gridd.git.conflicts import ask_human
 from gridd.git.integrity import Leftover, leftover, own_worktree
+from gridd.git.on_conflict import ask_human
+from gridd.git.worktrees import Worktrees
 from gridd.lifecycle import move_task
 from gridd.model import Question, Task, TaskStatus
 from gridd.questions import QuestionBook
 from gridd.settings import MergeSettings
 from gridd.state import GridState
-from gridd.worktrees import Worktrees
 
 log = logging.getLogger(__name__)
 

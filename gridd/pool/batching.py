@@ -3,7 +3,7 @@ their output is published in one store transaction.
 
 With a few hundred agents each printing a line a second, what costs is not the line but the
 work around it: a wake-up, a coroutine step, a transaction, the agent's row. So runs with new
-data (``agents/wakeups.py``: a notification, the safety-net sweep, a new watch) are not
+data (``runs/wakeups.py``: a notification, the safety-net sweep, a new watch) are not
 looked at one by one; they queue here (``wake``), and one background task (``run``) takes
 the whole queue each time round:
 
@@ -29,12 +29,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from gridd.agents.wakeups import Wakeup
-from gridd.agents.watch import Poll, RunWatch
 from gridd.errors import StoreError
 from gridd.pool.context import PoolContext
 from gridd.pool.pacing import OutputPacer
 from gridd.pool.reading import RunReader
+from gridd.runs.wakeups import Wakeup
+from gridd.runs.watch import Poll, RunWatch
 
 log = logging.getLogger(__name__)
 

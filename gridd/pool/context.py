@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from gridd.agents.executor import Executor
 from gridd.background import Background
 from gridd.diskfault import DiskFault
 from gridd.events import EventBus
@@ -17,6 +16,7 @@ from gridd.liveness import Limits
 from gridd.model import Agent
 from gridd.pool.roster import Roster
 from gridd.questions import QuestionBook
+from gridd.runs.executor import Executor
 from gridd.settings import AgentProfile, Settings
 from gridd.state import GridState
 from gridd.workspace import Workspace

@@ -12,19 +12,17 @@ agents. It composes the parts and holds no logic of its own:
     roster.py       what is live in this daemon; shared with the finisher (``finish.py``)
 
 Processes are started, signalled and reattached only through the executor
-(``agents/executor.py``); the pool never knows how (the local shim executor today).
+(``runs/executor.py``); the pool never knows how (the local shim executor today).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gridd.agents.executor import Executor
-from gridd.agents.output import OutputLog
-from gridd.agents.wakeups import Wakeups
 from gridd.background import Background
 from gridd.diskfault import DiskFault
 from gridd.events import EventBus
+from gridd.git.worktrees import Worktrees
 from gridd.model import Agent, Question
 from gridd.pool.context import PoolContext
 from gridd.pool.reading import RunReader
@@ -35,10 +33,12 @@ from gridd.pool.stopping import Stopper
 from gridd.pool.talking import Conversation, output_log
 from gridd.pool.watching import OnExit, Watcher
 from gridd.questions import QuestionBook
+from gridd.runs.executor import Executor
+from gridd.runs.output import OutputLog
+from gridd.runs.wakeups import Wakeups
 from gridd.settings import Settings
 from gridd.state import GridState
 from gridd.workspace import Workspace
-from gridd.worktrees import Worktrees
 
 
 class AgentPool:

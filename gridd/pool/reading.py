@@ -1,6 +1,6 @@
 """Reading a run: what an agent's new output and heartbeats mean, put into state and events.
 
-A watcher (``watching.py``) polls the run (``agents/watch.py``) and hands each ``Poll`` here:
+A watcher (``watching.py``) polls the run (``runs/watch.py``) and hands each ``Poll`` here:
 output chunks become ``agent.output`` events (committed together with the agent's published
 position), heartbeats and the adapter's signals (activity, questions, cost, session id,
 result, rate limit, retries, nudges, usage, model, tool use) update the agent and publish
@@ -10,12 +10,12 @@ their events. Questions go to the question book, or are answered by the adapter 
 from __future__ import annotations
 
 from gridd.adapters import base
-from gridd.agents.watch import Poll, RunWatch
 from gridd.errors import GriddError
 from gridd.model import Agent, utcnow
 from gridd.pool.context import PoolContext
 from gridd.pool.stopping import Stopper
 from gridd.pool.talking import Conversation
+from gridd.runs.watch import Poll, RunWatch
 from gridd.store import last_line
 
 

@@ -19,13 +19,13 @@ import time
 from pathlib import Path
 
 from gridd.adapters.registry import get_adapter
-from gridd.agents.executor import AgentHandle
-from gridd.agents.watch import RunWatch
 from gridd.errors import GriddError
 from gridd.lifecycle import move_agent
 from gridd.model import Agent, AgentStatus, TaskStatus, utcnow
 from gridd.pool.context import PoolContext
 from gridd.pool.watching import Watcher
+from gridd.runs.executor import AgentHandle
+from gridd.runs.watch import RunWatch
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,11 @@ import asyncio
 import time
 from datetime import datetime, timedelta
 
-from gridd.agents.executor import AgentHandle
-from gridd.agents.watch import RunWatch
+from gridd.git.worktrees import Worktree
 from gridd.model import TERMINAL_TASK_STATUSES, Task, utcnow
+from gridd.runs.executor import AgentHandle
+from gridd.runs.watch import RunWatch
 from gridd.settings import SchedulerSettings
-from gridd.worktrees import Worktree
 
 
 class Roster:

@@ -1,6 +1,6 @@
 """Spawning agents: a task already marked ``working`` gets its worktree (created or reused),
 a run directory, a rendered command and prompt, and a process started by the executor
-(``agents/executor.py``). The run directory is always a new one (``rundirs.py``).
+(``runs/executor.py``). The run directory is always a new one (``rundirs.py``).
 
 The agent is recorded (``starting``) before its process is started, so a daemon that dies
 in between finds it on restart (``reattaching.py``). A spawn that fails for any reason
@@ -19,13 +19,10 @@ from pathlib import Path
 
 from gridd.adapters.base import Adapter
 from gridd.adapters.registry import get_adapter
-from gridd.agents.executor import Launch
-from gridd.agents.remote import placement
-from gridd.agents.sandbox import sandbox_for
-from gridd.agents.watch import RunWatch
 from gridd.errors import GriddError
 from gridd.faults import crash_point
 from gridd.git.prepared import PreparedWorktrees
+from gridd.git.worktrees import Worktree, Worktrees
 from gridd.ids import task_branch
 from gridd.lifecycle import move_agent, move_task
 from gridd.model import Agent, AgentStatus, Task, TaskStatus, utcnow
@@ -34,7 +31,10 @@ from gridd.pool.context import PoolContext
 from gridd.pool.prompts import continuation_prompt, feedback_prompt, render_command
 from gridd.pool.rundirs import new_run
 from gridd.pool.watching import Watcher
-from gridd.worktrees import Worktree, Worktrees
+from gridd.runs.executor import Launch
+from gridd.runs.remote import placement
+from gridd.runs.sandbox import sandbox_for
+from gridd.runs.watch import RunWatch
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 the end of a conversation whose last turn is over (stdin closed, then TERM and KILL if the
 agent lingers).
 
-Signals go to the agent's whole process group through its handle (``agents/executor.py``);
+Signals go to the agent's whole process group through its handle (``runs/executor.py``);
 a stop already in flight in this daemon is never started twice.
 """
 
@@ -13,12 +13,12 @@ import logging
 import signal
 import time
 
-from gridd.agents.executor import AgentHandle
-from gridd.agents.watch import RunWatch
 from gridd.errors import StoreError
 from gridd.lifecycle import move_agent
 from gridd.model import AgentStatus, utcnow
 from gridd.pool.context import PoolContext
+from gridd.runs.executor import AgentHandle
+from gridd.runs.watch import RunWatch
 
 log = logging.getLogger(__name__)
 

@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 from gridd.adapters import base
-from gridd.agents.output import OutputLog
-from gridd.agents.watch import RunWatch
 from gridd.errors import Conflict, GriddError
 from gridd.model import Agent, Question
 from gridd.pool.context import PoolContext
+from gridd.runs.output import OutputLog
+from gridd.runs.watch import RunWatch
 
 
 class Conversation:

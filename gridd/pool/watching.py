@@ -1,7 +1,7 @@
 """Watching agents: one watcher per agent, from its spawn (or reattachment) until it has
 exited and been finished.
 
-A watcher sleeps until something may have changed its agent's fate (``agents/wakeups.py``):
+A watcher sleeps until something may have changed its agent's fate (``runs/wakeups.py``):
 ``exit.json`` arrived, the supervisor died, or a health deadline came. Only then does it
 read ``exit.json``; it judges the agent's health (launch failure, stall; ``liveness.py``)
 and, once the agent has exited, reads what its run left and calls ``on_exit`` (the
@@ -19,9 +19,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 
-from gridd.agents.executor import AgentHandle, ExitStatus
-from gridd.agents.wakeups import Wakeup, Wakeups
-from gridd.agents.watch import RunWatch
 from gridd.errors import StoreError
 from gridd.liveness import LAUNCH_HINT, Verdict, assess, next_change
 from gridd.model import AgentStatus
@@ -31,6 +28,9 @@ from gridd.pool.pacing import OutputPacer
 from gridd.pool.reading import RunReader
 from gridd.pool.stopping import Stopper
 from gridd.pool.talking import Conversation
+from gridd.runs.executor import AgentHandle, ExitStatus
+from gridd.runs.wakeups import Wakeup, Wakeups
+from gridd.runs.watch import RunWatch
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class Watcher:
         self.ctx.background.spawn(f"agent:{agent_id}", self.watch(agent_id))
 
     def _wakeup(self, agent_id: str, handle: AgentHandle, run: RunWatch) -> Wakeup:
-        """The watcher's alarm clock (``agents/wakeups.py``); the sweep starts with the first."""
+        """The watcher's alarm clock (``runs/wakeups.py``); the sweep starts with the first."""
         if not self._sweeping:
             self._sweeping = True
             self.wakeups.start()

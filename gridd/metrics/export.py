@@ -1,5 +1,5 @@
 """The Prometheus side of gridd's metrics: a custom collector over the daemon's parts, rendered by
-prometheus-client. Imported at the first scrape only (see ``gridd.metrics``).
+prometheus-client. Imported at the first scrape only (see ``gridd.metrics.feed``).
 
 Gauges are computed here from the state cache; counters and histograms are copied from the
 plain state ``EventCounter`` and ``RequestStats`` keep (no prometheus objects are touched
@@ -27,7 +27,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from gridd import __version__
-from gridd.metrics import (
+from gridd.metrics.feed import (
     EVENT_COUNTERS,
     EXIT_OUTCOMES,
     PART_STATES,

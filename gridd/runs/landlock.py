@@ -1,8 +1,8 @@
 """Landlock: the kernel's file-system sandbox, applied to an agent just before ``exec``.
 
-Standard library only, like the shim that loads it (``agents/shim.py`` runs as
+Standard library only, like the shim that loads it (``runs/shim.py`` runs as
 ``python -I -S``, with nothing of gridd's or of site-packages on its path): the daemon side
-builds what a run may do (``agents/sandbox.py``) and writes it into the run's spec; the
+builds what a run may do (``runs/sandbox.py``) and writes it into the run's spec; the
 shim's child, between ``fork`` and ``exec``, turns it into a Landlock ruleset
 (``enforce``). The ruleset binds the agent and everything it ever starts: children,
 grandchildren, daemons it leaves behind. ``no_new_privs`` is set first (Landlock needs it

@@ -1,11 +1,11 @@
 """One daemon's metrics: the bus-fed event counter and the request stats, kept from the
-start, and their Prometheus rendering, loaded at the first scrape (see ``gridd.metrics``)."""
+start, and their Prometheus rendering, loaded at the first scrape (see ``gridd.metrics.feed``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from gridd.metrics import EventCounter, MetricsSource, RequestStats
+from gridd.metrics.feed import EventCounter, MetricsSource, RequestStats
 
 
 class DaemonMetrics:
@@ -22,7 +22,7 @@ class DaemonMetrics:
     def render(self) -> bytes:
         """The text exposition of every metric (builds the registry on first use)."""
         if self._render is None:
-            from gridd.metrics_export import renderer
+            from gridd.metrics.export import renderer
 
             self._render = renderer(self.source, self.events, self.requests)
         return self._render()

@@ -301,10 +301,10 @@ def exec_failure(command: str, exc: OSError, *, search_path: str) -> str:
 
 def _landlock():  # type: ignore[no-untyped-def]  # (no typing import at start-up)
     """The sandbox module beside us (``landlock.py``, stdlib-only like the shim), loaded
-    only for a sandboxed run: as ``gridd.agents.landlock`` when we are imported, from our
+    only for a sandboxed run: as ``gridd.runs.landlock`` when we are imported, from our
     own directory when we run as a script (``-I -S``: nothing of gridd's is on the path)."""
     if __package__:
-        from gridd.agents import landlock
+        from gridd.runs import landlock
 
         return landlock
     here = os.path.dirname(os.path.abspath(__file__))

@@ -2,7 +2,7 @@
 
 The pool watches a local run directory (``output.log``, ``heartbeat.ndjson``, ``exit.json``;
 ``pool/watching.py``). For a run in a box the mirror makes that directory: each look asks
-the in-box shim (``agents/boxshim.py`` ``poll``) for the bytes past the mirror's own sizes
+the in-box shim (``runs/boxshim.py`` ``poll``) for the bytes past the mirror's own sizes
 and appends them, so every byte is copied exactly once and in order, and a restarted
 daemon resumes from the offset its files already have. Once the box says the agent
 exited, the mirror reads the rest, brings the result branch into the task's worktree
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gridd.agents.boxes import BoxError, BoxGone, Engine
-from gridd.agents.output import _append as append
+from gridd.runs.boxes import BoxError, BoxGone, Engine
+from gridd.runs.output import _append as append
 
 log = logging.getLogger(__name__)
 

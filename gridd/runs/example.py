@@ -1,6 +1,6 @@
 """The bundled example agent: a stand-in for a real coding CLI, so the demo needs nothing.
 
-    python -m gridd.agents.example "PROMPT"
+    python -m gridd.runs.example "PROMPT"
 
 It works in its current directory (the task's worktree): prints progress, writes a notes
 file derived from the prompt, commits it, leaves a second file uncommitted (gridd commits
@@ -30,7 +30,7 @@ def _heartbeat(status: str, message: str) -> None:
 
 
 USAGE = (
-    "usage: python -m gridd.agents.example PROMPT\n"
+    "usage: python -m gridd.runs.example PROMPT\n"
     "gridd's bundled example agent: gridd runs it in a task's worktree, where it writes and\n"
     "commits a notes file about PROMPT. It runs only when gridd starts it (GRID_TASK_ID set).\n"
 )
@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
     task = os.environ.get("GRID_TASK_ID")
     if not task:
         print(
-            "gridd.agents.example: this is gridd's example agent; it commits into the"
+            "gridd.runs.example: this is gridd's example agent; it commits into the"
             " repository it runs in, so it runs only when gridd starts it for a task"
             " (GRID_TASK_ID is not set). Nothing was changed.",
             file=sys.stderr,

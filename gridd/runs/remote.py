@@ -1,15 +1,15 @@
 """The remote executor: each run in a box of its own (a container, a pod), one protocol.
 
-An ``Executor`` (``agents/executor.py``) over an ``Engine`` (``agents/boxes.py``). A spawn:
+An ``Executor`` (``runs/executor.py``) over an ``Engine`` (``runs/boxes.py``). A spawn:
 
 1. writes ``remote.json`` into the (local, new) run directory: which box, which worktree;
 2. bundles the task's branch (``git bundle``: the repository in, no credentials needed);
 3. creates the box named after the run, with the bundle, the spec and the in-box shim
-   (``agents/boxshim.py``). Creating it is the claim: a name taken fails the spawn, so a
+   (``runs/boxshim.py``). Creating it is the claim: a name taken fails the spawn, so a
    run never has two copies. The shim clones the bundle and starts the agent;
 4. waits for the shim's ``agent.json`` (or its ``exit.json``), as the local executor does.
 
-From then on one thread keeps every run's mirror (``agents/mirror.py``): output and
+From then on one thread keeps every run's mirror (``runs/mirror.py``): output and
 heartbeats copied by offset, and ``exit.json`` written last, once the output is drained
 and the result branch is in the task's worktree. Then the box is removed. Stdin goes to
 the box's inbox (``write_stdin``: numbered messages, each put once); a signal is the
@@ -27,11 +27,11 @@ import subprocess
 import threading
 from pathlib import Path
 
-from gridd.agents.boxes import BoxError, BoxGone, Engine
-from gridd.agents.executor import AgentHandle, ExitStatus, Launch
-from gridd.agents.mirror import RunMirror
 from gridd.errors import Conflict, GriddError
 from gridd.model import Agent
+from gridd.runs.boxes import BoxError, BoxGone, Engine
+from gridd.runs.executor import AgentHandle, ExitStatus, Launch
+from gridd.runs.mirror import RunMirror
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Starting shims cheaply: a shim server that forks one per run, or a spare shim started
 ahead of need, so a spawn does not wait for an interpreter to start.
 
-Part of the local shim executor (``agents/local.py``); ``AgentProcess.spawn`` takes a shim
+Part of the local shim executor (``runs/local.py``); ``AgentProcess.spawn`` takes a shim
 from here and hands it the run directory.
 """
 
@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gridd.agents import shim
+from gridd.runs import shim
 
 SHIM_PATH = Path(shim.__file__)
 

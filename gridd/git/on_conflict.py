@@ -22,12 +22,12 @@ from pathlib import Path
 from gridd.adapters.base import Ask
 from gridd.events import EventBus
 from gridd.git.integrity import markers_between
+from gridd.git.worktrees import Worktrees, git
 from gridd.lifecycle import move_task
 from gridd.model import Agent, Question, Task, TaskStatus, utcnow
 from gridd.questions import QuestionBook
 from gridd.settings import MergeSettings
 from gridd.state import GridState
-from gridd.worktrees import Worktrees, git
 
 log = logging.getLogger(__name__)
 

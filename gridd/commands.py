@@ -19,9 +19,10 @@ from pydantic import ValidationError
 from gridd.errors import Conflict, NotFound, ValidationFailed
 from gridd.faults import crash_point
 from gridd.git import feature
-from gridd.git.conflicts import merge_asker
 from gridd.git.merge import MergeGate
+from gridd.git.on_conflict import merge_asker
 from gridd.git.review import keep_review_edits
+from gridd.git.worktrees import Worktrees
 from gridd.ids import new_task_id, task_id_problem
 from gridd.lifecycle import intend_stop, move_task, task_can_move
 from gridd.model import Agent, AgentStatus, Question, SessionState, Task, TaskStatus, utcnow
@@ -32,7 +33,6 @@ from gridd.scheduler import Scheduler
 from gridd.settings import Settings
 from gridd.specs import SessionStart, TaskPatch, TaskSpec
 from gridd.state import GridState
-from gridd.worktrees import Worktrees
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ import termios
 from pathlib import Path
 from typing import Any
 
-from gridd.agents.executor import ExitStatus
-from gridd.agents.shim import CLAIM
-from gridd.agents.starter import ForkedShim, LaunchedShim, ShimStarter
 from gridd.errors import Conflict, GriddError
+from gridd.runs.executor import ExitStatus
+from gridd.runs.shim import CLAIM
+from gridd.runs.starter import ForkedShim, LaunchedShim, ShimStarter
 
 __all__ = ["AgentProcess", "ExitStatus", "ShimStarter", "SpawnError", "fence_run"]
 

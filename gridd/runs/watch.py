@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gridd.adapters import base
 from gridd.adapters.beat import Beat, HeartbeatReader
-from gridd.agents.output import Chunk, OutputLog
+from gridd.runs.output import Chunk, OutputLog
 
 MAX_SUMMARY = 4000
 

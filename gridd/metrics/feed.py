@@ -11,8 +11,8 @@ Two sources, neither of which costs the scheduler anything:
   and an agent's exit (its result) -> its task in ``review``.
 
 Both read a ``MetricsSource``: the daemon's parts, not the ``Grid`` (which satisfies it).
-``DaemonMetrics`` (``daemon_metrics``) holds one daemon's counter and request stats and
-renders them; prometheus-client itself is imported at the first scrape (``metrics_export``), not at
+``DaemonMetrics`` (``metrics.daemon``) holds one daemon's counter and request stats and
+renders them; prometheus-client itself is imported at the first scrape (``metrics.export``), not at
 start-up: a daemon nobody scrapes never pays for it. Every daemon has its own
 ``CollectorRegistry`` (never the process-global one), so two
 daemons in one test process never share a series. Names follow Prometheus conventions: base

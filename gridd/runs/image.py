@@ -17,7 +17,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from gridd.agents.boxes import BoxError
+from gridd.runs.boxes import BoxError
 
 log = logging.getLogger(__name__)
 

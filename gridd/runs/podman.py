@@ -1,4 +1,4 @@
-"""The podman engine: each run's box is a container (``agents/boxes.py`` ``Engine``).
+"""The podman engine: each run's box is a container (``runs/boxes.py`` ``Engine``).
 
 A container is created (its name is the run's box name: podman refuses a name in use, which
 is the claim), the in-box shim, the spec and the base bundle are copied in as one tar
@@ -6,7 +6,7 @@ stream, and it is started with the shim as its main process. Everything else is 
 exec`` of the shim's commands. Containers carry the workspace, task and run as labels, so a
 restarted daemon (or a person: ``podman ps --filter label=grid.task=...``) finds them.
 
-With no ``image`` configured, the image is built from Debian packages (``agents/image.py``).
+With no ``image`` configured, the image is built from Debian packages (``runs/image.py``).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import threading
 import time
 from pathlib import Path
 
-from gridd.agents.boxes import BOXSHIM, BoxError, BoxGone, BoxInfo
-from gridd.agents.image import ensure_image
 from gridd.errors import Conflict
+from gridd.runs.boxes import BOXSHIM, BoxError, BoxGone, BoxInfo
+from gridd.runs.image import ensure_image
 from gridd.settings import PodmanSettings
 
 ROOT = "/grid"

@@ -1,7 +1,7 @@
 """The local shim executor: agents run on this machine, each under a detached shim.
 
-The only ``Executor`` (``agents/executor.py``) today. A spawn hands the run to a shim
-(``agents/shim.py``), started ahead of need by ``ShimStarter`` (``agents/starter.py``);
+The only ``Executor`` (``runs/executor.py``) today. A spawn hands the run to a shim
+(``runs/shim.py``), started ahead of need by ``ShimStarter`` (``runs/starter.py``);
 the shim outlives the daemon, so a restarted daemon reattaches to its agents from what the
 run directory and the state database say. A run recorded but not yet started when a
 daemon died is fenced through the shim's ``claim`` file: whoever creates it first, the shim
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gridd.agents import landlock
-from gridd.agents.executor import AgentHandle, Launch
-from gridd.agents.process import AgentProcess, ShimStarter, fence_run
 from gridd.errors import GriddError
 from gridd.model import Agent
+from gridd.runs import landlock
+from gridd.runs.executor import AgentHandle, Launch
+from gridd.runs.process import AgentProcess, ShimStarter, fence_run
 
 
 class LocalExecutor:

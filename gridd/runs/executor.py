@@ -2,11 +2,11 @@
 
 The pool (``gridd/pool/``) and the scheduler above it never start a process themselves:
 they hand a ``Launch`` to an ``Executor`` and get back an ``AgentHandle``. Two executors
-implement it: the local shim executor (``agents/local.py`` over ``agents/process.py`` and
-``agents/shim.py``: a detached supervisor per agent, outliving the daemon) and the remote
-one (``agents/remote.py``: a box per run, e.g. a podman container, over one run protocol);
-``agents/executors.py`` sends each launch to the one its profile names. Another engine
-implements the same two protocols (or ``agents/boxes.py``'s ``Engine``) and plugs in at the
+implement it: the local shim executor (``runs/local.py`` over ``runs/process.py`` and
+``runs/shim.py``: a detached supervisor per agent, outliving the daemon) and the remote
+one (``runs/remote.py``: a box per run, e.g. a podman container, over one run protocol);
+``runs/executors.py`` sends each launch to the one its profile names. Another engine
+implements the same two protocols (or ``runs/boxes.py``'s ``Engine``) and plugs in at the
 composition root (``grid.py``), with no change to the scheduler or the pool.
 
 A handle names the agent by (pid, create time) and its supervisor likewise; the run
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from gridd.agents.sandbox import Sandbox
 from gridd.model import Agent
+from gridd.runs.sandbox import Sandbox
 
 
 @dataclass
@@ -54,7 +54,7 @@ class Launch:
     env: dict[str, str] = field(repr=False)
     #: "pipe" (the pool may write to it), "null" or "inherit" (as the profile says).
     stdin: str = "pipe"
-    #: Where it runs: "local", or a box engine's name (``agents/executors.py``).
+    #: Where it runs: "local", or a box engine's name (``runs/executors.py``).
     executor: str = "local"
     #: What the kernel lets the agent touch (None: no sandbox). An executor that cannot
     #: enforce it raises ``GriddError`` (code ``sandbox_unavailable``): never unconfined.

@@ -2,10 +2,10 @@
 
 A box is one run's isolated place (a container, a pod) named by the run: creating it is
 the claim (``create`` fails when the name is taken, so a run never has two copies). The
-remote executor (``agents/remote.py``) talks to a box only through an engine: put files in
-before it starts, start its main process (the in-box shim, ``agents/boxshim.py``), exec
+remote executor (``runs/remote.py``) talks to a box only through an engine: put files in
+before it starts, start its main process (the in-box shim, ``runs/boxshim.py``), exec
 the shim's commands, find boxes again by label, remove one. Engines differ only in where
-the box is: ``agents/podman.py`` (containers), ``DirectoryBoxes`` here (a directory and a
+the box is: ``runs/podman.py`` (containers), ``DirectoryBoxes`` here (a directory and a
 process group on this machine: the protocol with no container in the way).
 """
 

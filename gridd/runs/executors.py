@@ -3,7 +3,7 @@
 The pool holds one ``Executor``; this is it when runs may go to more than one place. A
 spawn goes where its profile says (``Launch.executor``: the profile's ``executor``, or
 ``[executors] default``). A run of an earlier daemon goes back to where it went: a run
-directory with ``remote.json`` is a box's (``agents/remote.py``), any other is local.
+directory with ``remote.json`` is a box's (``runs/remote.py``), any other is local.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gridd.agents.executor import AgentHandle, Executor, Launch
-from gridd.agents.image import default_cache_dir
-from gridd.agents.local import LocalExecutor
-from gridd.agents.podman import PodmanEngine
-from gridd.agents.remote import REMOTE, RemoteExecutor
 from gridd.model import Agent
+from gridd.runs.executor import AgentHandle, Executor, Launch
+from gridd.runs.image import default_cache_dir
+from gridd.runs.local import LocalExecutor
+from gridd.runs.podman import PodmanEngine
+from gridd.runs.remote import REMOTE, RemoteExecutor
 from gridd.settings import Settings
 from gridd.workspace import Workspace
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from pydantic import Field
 
 from gridd.errors import Conflict
-from gridd.git.worktrees import git
+from gridd.git.worktrees import branch_tip, git
 from gridd.model import Task, WireModel
 
 PATCH_LIMIT = 2 * 1024 * 1024
@@ -83,17 +83,14 @@ async def task_diff(root: Path, task: Task) -> TaskDiff:
             code="task_has_no_branch",
             details={"taskId": task.id, "status": task.status.value},
         )
-    res = await git(
-        root, "rev-parse", "--verify", "--quiet", f"refs/heads/{task.branch}^{{commit}}",
-        check=False,
-    )  # fmt: skip
-    if res.code != 0:
+    tip = await branch_tip(root, task.branch)
+    if tip is None:
         raise Conflict(
             f"task {task.id!r}'s branch {task.branch} is gone",
             code="task_branch_missing",
             details={"taskId": task.id, "branch": task.branch},
         )
-    head, base = res.out.strip(), task.base_commit
+    head, base = tip, task.base_commit
     status = await git(root, "diff", "-z", "-M", "--name-status", base, head, "--")
     numstat = await git(root, "diff", "-z", "-M", "--numstat", base, head, "--")
     patch = await git(root, "diff", "-M", base, head, "--")

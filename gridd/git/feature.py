@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gridd.errors import Conflict, ValidationFailed
-from gridd.git.worktrees import git
+from gridd.git.worktrees import branch_tip, git
 from gridd.ids import branch_problem
 
 #: ``git worktree list`` that failed (a worktree being added beside it) is asked again
@@ -73,19 +73,6 @@ async def validate_branch_name(root: Path, name: str, *, what: str = "featureBra
         )
 
 
-async def commit_of(root: Path, branch: str, *, timeout: float | None = None) -> str | None:
-    res = await git(
-        root,
-        "rev-parse",
-        "--verify",
-        "--quiet",
-        f"refs/heads/{branch}^{{commit}}",
-        check=False,
-        timeout=timeout,
-    )
-    return res.out.strip() if res.code == 0 else None
-
-
 async def prepare(root: Path, name: str, base_branch: str | None) -> FeatureBranch:
     """Validate ``name`` and create it from the base when missing (exactly once)."""
     await validate_branch_name(root, name)
@@ -103,7 +90,7 @@ async def prepare(root: Path, name: str, base_branch: str | None) -> FeatureBran
         res = await git(root, "symbolic-ref", "-q", "--short", "HEAD", check=False)
         base_branch = res.out.strip() or None
     if base_branch is not None:
-        base_commit = await commit_of(root, base_branch)
+        base_commit = await branch_tip(root, base_branch)
         if base_commit is None:
             raise ValidationFailed(
                 f"base branch {base_branch!r} does not exist",
@@ -112,12 +99,12 @@ async def prepare(root: Path, name: str, base_branch: str | None) -> FeatureBran
             )
     else:
         base_commit = (await git(root, "rev-parse", "--verify", "HEAD^{commit}")).out.strip()
-    tip = await commit_of(root, name)
+    tip = await branch_tip(root, name)
     if tip is not None:
         return FeatureBranch(name, base_branch, base_commit, tip, created=False)
     # The empty old value makes this a create-only update: of two racing starts, one wins.
     res = await git(root, "update-ref", f"refs/heads/{name}", base_commit, "", check=False)
-    tip = await commit_of(root, name)
+    tip = await branch_tip(root, name)
     if tip is None:
         raise ValidationFailed(
             f"could not create branch {name!r}: {res.err.strip()}",

@@ -47,12 +47,11 @@ from pathlib import Path
 from gridd.background import Background
 from gridd.errors import GriddError
 from gridd.events import EventBus
-from gridd.git.feature import commit_of
 from gridd.git.integration import CheckResult, Conflicted, Integration
 from gridd.git.landing import Held, Landing, Moved
 from gridd.git.on_conflict import OUTPUT_TAIL, ConflictPolicy
 from gridd.git.train import Bisection, Blame
-from gridd.git.worktrees import GitTimeout, Worktrees, git
+from gridd.git.worktrees import GitTimeout, Worktrees, branch_tip, git
 from gridd.lifecycle import move_task
 from gridd.model import MergeTrain, Task, TaskStatus, utcnow
 from gridd.settings import MergeSettings
@@ -263,7 +262,7 @@ class MergeQueue:
                     self._done(task, commit=task.merge_commit, feature=feature)
             return
         for _ in range(CAS_ROUNDS):
-            tip = await commit_of(self.root, feature, timeout=self.timeout)
+            tip = await branch_tip(self.root, feature, timeout=self.timeout)
             if tip is None:
                 raise GriddError(f"feature branch {feature!r} is gone", code="feature_missing")
             result = await self.integration.merge(
@@ -498,7 +497,7 @@ class MergeQueue:
         bisection's half is a prefix of the candidate that failed, on the same tip, and the
         rest sit on that prefix once it landed: their merges (checked already) are reused,
         so a bisection round costs a gate run and no merging."""
-        tip = await commit_of(self.root, feature, timeout=self.timeout)
+        tip = await branch_tip(self.root, feature, timeout=self.timeout)
         if tip is None:
             raise GriddError(f"feature branch {feature!r} is gone", code="feature_missing")
         head = tip
@@ -567,7 +566,7 @@ class MergeQueue:
 
     async def _blame(self, task_id: str, *, output: str, feature: str) -> None:
         """The task fails the gate without the others: back through the policy."""
-        tip = await commit_of(self.root, feature, timeout=self.timeout) or ""
+        tip = await branch_tip(self.root, feature, timeout=self.timeout) or ""
         async with self.gate.deciding(task_id):
             task = self.state.tasks.get(task_id)
             if task is None or self._abandoned(task_id, feature):

@@ -22,7 +22,7 @@ from pathlib import Path
 from gridd.adapters.base import Ask
 from gridd.events import EventBus
 from gridd.git.integrity import markers_between
-from gridd.git.worktrees import Worktrees, git
+from gridd.git.worktrees import GitError, Worktrees, branch_tip, git
 from gridd.lifecycle import move_task
 from gridd.model import Agent, Question, Task, TaskStatus, utcnow
 from gridd.questions import QuestionBook
@@ -284,7 +284,9 @@ class ConflictPolicy:
             move_task(self.state, task.id, TaskStatus.FAILED, reason="failed by a human")
         else:
             feature = self.state.session.feature_branch
-            tip = (await git(self.worktrees.root, "rev-parse", f"refs/heads/{feature}")).out.strip()
+            tip = feature and await branch_tip(self.worktrees.root, feature)
+            if not tip:
+                raise GitError(f"the feature branch {feature} is gone", details={"branch": feature})
             await self.to_agent(
                 task,
                 feature_commit=tip,
@@ -336,13 +338,15 @@ class ConflictPolicy:
                 removed = res.code == 0
         deleted = False
         if self.settings.delete_branch and contained and (removed or not task.worktree):
-            head = await git(self.worktrees.root, "rev-parse", f"refs/heads/{task.branch}")
+            head = await branch_tip(self.worktrees.root, task.branch)
+            if head is None:
+                raise GitError(f"the branch {task.branch} is gone", details={"branch": task.branch})
             res = await git(
                 self.worktrees.root,
                 "update-ref",
                 "-d",
                 f"refs/heads/{task.branch}",
-                head.out.strip(),
+                head,
                 check=False,
             )
             deleted = res.code == 0

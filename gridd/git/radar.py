@@ -310,17 +310,6 @@ class Radar:
             self._committed[key] = frozenset(f for f in diff.out.split("\0") if f)
         return self._committed[key]
 
-    async def _tip(self, branch: str) -> str | None:
-        res = await git(
-            self.root,
-            "rev-parse",
-            "--verify",
-            "--quiet",
-            f"refs/heads/{branch}^{{commit}}",
-            check=False,
-        )
-        return res.out.strip() if res.code == 0 else None
-
     async def _landed_files(self, head: str, tip: str) -> frozenset[str]:
         """Files the feature branch changed since it and the task's branch last met (the
         task's own merged work is not "landed" against it)."""

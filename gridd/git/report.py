@@ -13,8 +13,7 @@ from pydantic import Field
 
 from gridd.errors import Conflict
 from gridd.git.diff import DiffFile, parse_diff
-from gridd.git.feature import commit_of
-from gridd.git.worktrees import git
+from gridd.git.worktrees import branch_tip, git
 from gridd.model import SessionState, Task, TaskStatus, WireModel
 
 MAX_COMMITS = 500
@@ -67,10 +66,10 @@ async def feature_report(root: Path, session: SessionState, tasks: list[Task]) -
     feature = session.feature_branch
     if feature is None:
         raise Conflict("this session has no feature branch", code="no_feature_branch")
-    head = await commit_of(root, feature)
+    head = await branch_tip(root, feature)
     if head is None:
         raise Conflict(f"feature branch {feature!r} is gone", code="feature_missing")
-    base_ref = session.base_branch and await commit_of(root, session.base_branch)
+    base_ref = session.base_branch and await branch_tip(root, session.base_branch)
     base = session.base_commit or head
     if base_ref:
         fork = await git(root, "merge-base", base_ref, head, check=False)

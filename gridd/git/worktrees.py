@@ -57,6 +57,21 @@ async def git(cwd: Path, *args: str, check: bool = True, timeout: float | None =
     return await _run(cwd, ("git", *args), check=check, timeout=timeout)
 
 
+async def branch_tip(root: Path, branch: str, *, timeout: float | None = None) -> str | None:
+    """The commit ``branch`` (``refs/heads/<branch>``) points at in the repository at
+    ``root``, or None when there is no such branch: the one branch-tip lookup."""
+    res = await git(
+        root,
+        "rev-parse",
+        "--verify",
+        "--quiet",
+        f"refs/heads/{branch}^{{commit}}",
+        check=False,
+        timeout=timeout,
+    )
+    return res.out.strip() if res.code == 0 else None
+
+
 class GitTimeout(GitError):
     """A git call (or what it ran: a filter driver, a hook) outlived its timeout."""
 
@@ -226,34 +241,21 @@ class Worktrees:
         return self._identity
 
     async def branch_exists(self, branch: str) -> bool:
-        res = await git(
-            self.root, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False
-        )
-        return res.code == 0
+        return await branch_tip(self.root, branch) is not None
 
     async def head_commit(self, ref: str = "HEAD") -> str:
         return (await git(self.root, "rev-parse", "--verify", f"{ref}^{{commit}}")).out.strip()
 
     async def ensure_branch(self, branch: str) -> str:
         """The commit of ``branch``, creating it from HEAD when missing."""
-        res = await git(
-            self.root,
-            "rev-parse",
-            "--verify",
-            "--quiet",
-            f"refs/heads/{branch}^{{commit}}",
-            check=False,
-        )
-        if res.code == 0:
-            return res.out.strip()
+        tip = await branch_tip(self.root, branch)
+        if tip is not None:
+            return tip
         head = await self.head_commit("HEAD")
         made = await git(self.root, "update-ref", f"refs/heads/{branch}", head, "", check=False)
         if made.code != 0:
             # Two tasks starting at once both found it missing: the other one made it.
-            res = await git(
-                self.root, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}^{{commit}}"
-            )
-            return res.out.strip()
+            return await self.head_commit(f"refs/heads/{branch}")
         log.info("created branch %s at %s", branch, head[:12])
         return head
 
@@ -324,15 +326,13 @@ class Worktrees:
         path, branch = self.dir / task_id, task_branch(task_id)
         if not (path / ".git").exists():
             return None
-        tip = await git(
-            self.root, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False
-        )
-        if tip.code != 0:
+        tip = await branch_tip(self.root, branch)
+        if tip is None:
             return None
         base = await (self.ensure_branch(base_branch) if base_branch else self.head_commit())
         if not await self._holds_nothing(path, branch, base):
             return None
-        return Worktree(task_id, path, branch, tip.out.strip())
+        return Worktree(task_id, path, branch, tip)
 
     async def base_of(self, branch: str) -> str:
         """Where ``branch`` forked from HEAD: for a branch the task record has no base for
@@ -429,15 +429,8 @@ class Worktrees:
     async def discard(self, worktree: Worktree) -> bool:
         """Remove a worktree made for a task that never ran, and its branch, but only while
         the branch is still at its base: a commit on it is never thrown away (False)."""
-        tip = await git(
-            self.root,
-            "rev-parse",
-            "--verify",
-            "--quiet",
-            f"refs/heads/{worktree.branch}",
-            check=False,
-        )
-        if tip.code == 0 and tip.out.strip() != worktree.base:
+        tip = await branch_tip(self.root, worktree.branch)
+        if tip is not None and tip != worktree.base:
             return False
         if (worktree.path / ".git").exists() and await self.is_dirty(worktree.path):
             return False

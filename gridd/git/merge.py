@@ -50,6 +50,7 @@ from gridd.events import EventBus
 from gridd.git.integration import CheckResult, Conflicted, Integration
 from gridd.git.landing import Held, Landing, Moved
 from gridd.git.on_conflict import OUTPUT_TAIL, ConflictPolicy
+from gridd.git.teardown import Teardown
 from gridd.git.train import Bisection, Blame
 from gridd.git.worktrees import GitTimeout, Worktrees, branch_tip, git
 from gridd.lifecycle import move_task
@@ -147,6 +148,7 @@ class MergeQueue:
             worktrees.root, own=(worktrees.dir, integration_dir), git_timeout=self.timeout
         )
         self.policy = policy
+        self.cleanup = Teardown(settings=settings, state=state, bus=bus, worktrees=worktrees)
         self.background = background
         self.pause = pause or PauseSeam()
         self.gate = MergeGate()
@@ -680,7 +682,7 @@ class MergeQueue:
             # Its git (a status in the task's worktree runs the clean filters) is bounded too:
             # a filter that hangs must not stall the queue after a merge either.
             async with asyncio.timeout(self.timeout):
-                await self.policy.teardown(task, feature)
+                await self.cleanup.run(task, feature)
         except GriddError as exc:  # the work is merged; a worktree left behind is harmless
             log.warning("tearing down %s: %s", task_id, exc.message)
         except TimeoutError:

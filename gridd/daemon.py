@@ -35,6 +35,7 @@ from gridd.adapters.registry import get_adapter
 from gridd.api import create_app
 from gridd.api.protocol import ConnectionGate, gridd_protocol
 from gridd.errors import AlreadyRunning, ConfigError, GriddError, WorkspaceError
+from gridd.git.merge import PauseSeam
 from gridd.grid import Grid
 from gridd.settings import Settings, load_settings
 from gridd.store import Store
@@ -320,8 +321,15 @@ def build_server(
     return server
 
 
-async def serve(ws: Workspace, settings: Settings, store: Store, sock: socket.socket) -> None:
-    grid = Grid(workspace=ws, settings=settings, store=store)
+async def serve(
+    ws: Workspace,
+    settings: Settings,
+    store: Store,
+    sock: socket.socket,
+    *,
+    merge_pause: PauseSeam | None = None,
+) -> None:
+    grid = Grid(workspace=ws, settings=settings, store=store, merge_pause=merge_pause)
 
     def started() -> None:
         _write_pid_file(ws.pid_path)
@@ -389,7 +397,9 @@ def run(workspace: Path | None = None) -> int:
         sock = bind_socket(ws.socket_path)
         sock_inode = os.stat(ws.socket_path).st_ino
         use_pidfd_child_watcher()
-        asyncio.run(serve(ws, settings, store, sock))
+        pause = os.environ.get("GRIDD_TEST_MERGE_PAUSE")  # a test seam: see git/merge.py
+        merge_pause = PauseSeam(Path(pause)) if pause else None
+        asyncio.run(serve(ws, settings, store, sock, merge_pause=merge_pause))
         return 0
     except GriddError as exc:
         if logging_ready:

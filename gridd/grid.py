@@ -13,7 +13,6 @@ import os
 import platform
 import time
 from collections.abc import Callable, Hashable
-from pathlib import Path
 
 from gridd import API_VERSION, HANDOVER_PROTOCOL, __version__
 from gridd.background import Background
@@ -73,6 +72,7 @@ class Grid:
         settings: Settings,
         store: Store,
         executor: Executor | None = None,
+        merge_pause: PauseSeam | None = None,
     ) -> None:
         self.workspace = workspace
         self.settings = settings
@@ -163,7 +163,6 @@ class Grid:
             worktrees=self.worktrees,
             questions=self.questions,
         )
-        pause = os.environ.get("GRIDD_TEST_MERGE_PAUSE")  # a test seam; see git/merge.py
         self.merges = MergeQueue(
             settings=settings.merge,
             state=self.state,
@@ -172,7 +171,7 @@ class Grid:
             integration_dir=workspace.grid_dir / "integration",
             policy=self.conflicts,
             background=self.background,
-            pause=PauseSeam(Path(pause) if pause else None),
+            pause=merge_pause,
         )
         self.commands = Commands(
             settings=settings,

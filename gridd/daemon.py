@@ -37,6 +37,7 @@ from gridd.api.protocol import ConnectionGate, gridd_protocol
 from gridd.errors import AlreadyRunning, ConfigError, GriddError, WorkspaceError
 from gridd.git.merge import PauseSeam
 from gridd.grid import Grid
+from gridd.runs.starter import SHIM_PATH
 from gridd.settings import Settings, load_settings
 from gridd.store import Store
 from gridd.workspace import Workspace, find_workspace
@@ -298,6 +299,7 @@ def build_server(
         stall_timeout=grid.settings.events.send_timeout_seconds,
         header_timeout=daemon.header_timeout_seconds,
         gate=ConnectionGate(daemon.max_connections),
+        shim=str(SHIM_PATH),  # its sandboxed agents may not call the API
     )
     config = Config(
         create_app(grid),

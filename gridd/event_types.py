@@ -76,6 +76,7 @@ LOGGED: frozenset[str] = frozenset(
         "agent.retrying",
         "agent.warning",
         "agent.finish_failed",
+        "agent.sandbox_denied",
         "question.answered",
         "question.closed",
         # sources and notifications

@@ -275,6 +275,7 @@ class Grid:
         self.supervisor.stop()
         await self.notifier.stop()
         self.executor.close()
+        self.pool.egress.close_all()  # a restarted daemon opens them again, on their ports
         self._end_streams()
         await self.background.stop()
         self.pool.wakeups.close()

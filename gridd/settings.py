@@ -6,11 +6,20 @@ snake_case; unknown keys are rejected so a typo never silently does nothing.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from gridd import event_types
@@ -196,6 +205,13 @@ DEFAULT_HIDDEN = (
 )
 
 
+#: One ``allow_hosts`` entry: a host name (``*.`` for its subdomains), an IPv4 address or a
+#: bracketed IPv6 one, and an optional port.
+HOST_RULE = re.compile(
+    r"(?:\*\.)?[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?|\[[0-9A-Fa-f:.]+\](?::[0-9]{1,5})?"
+)
+
+
 class SandboxSettings(_Section):
     """``[agents.<name>.sandbox]``: what the kernel lets a run of this profile touch
     (``runs/sandbox.py``; enforced with Landlock by the shim)."""
@@ -214,6 +230,43 @@ class SandboxSettings(_Section):
         default_factory=lambda: list(DEFAULT_HIDDEN),
         description="Paths the agent may not read (the workspace's .grid/ always is)",
     )
+    network: Literal["allow", "none", "allowlist"] = Field(
+        default="allow",
+        description="allow: the network as the user has it; none: no TCP connect or bind;"
+        " allowlist: only allow_hosts, through a filtering proxy the daemon runs",
+    )
+    allow_hosts: list[str] | None = Field(
+        default=None,
+        description="With network = allowlist: host or host:port (a host alone: ports 443"
+        " and 80; *.example.com: its subdomains); None: the adapter's own (claude:"
+        " api.anthropic.com)",
+    )
+
+    @field_validator("allow_hosts")
+    @classmethod
+    def _host_spellings(cls, hosts: list[str] | None) -> list[str] | None:
+        """A host the proxy could never match would refuse it, and nothing would say why."""
+        wrong = [h for h in hosts or () if not HOST_RULE.fullmatch(h)]
+        if wrong:
+            raise PydanticCustomError(
+                "bad_host",
+                "not a host or host:port: {wrong} (e.g. 'api.anthropic.com',"
+                " '*.pypi.org', '127.0.0.1:8080', '[::1]:8080')",
+                {"wrong": ", ".join(repr(w) for w in wrong)},
+            )
+        return hosts
+
+    @model_validator(mode="after")
+    def _network_needs_a_sandbox(self) -> SandboxSettings:
+        """The network rules are part of the Landlock ruleset: no sandbox, no rules."""
+        if self.network != "allow" and self.mode == "off":
+            raise PydanticCustomError(
+                "network_without_sandbox",
+                "network = '{network}' needs a sandbox: set mode = 'workspace' or"
+                " 'read-only' (mode 'off' leaves the network alone)",
+                {"network": self.network},
+            )
+        return self
 
 
 class AgentProfile(_Section):

@@ -2,8 +2,8 @@
 
 Below the ASGI app, where no route or exception handler can help:
 
-- peer credentials: a connection from any uid but the daemon's is answered 403 and closed
-  before a byte of the request is read (see ``peercred``);
+- peer credentials: a connection from any uid but the daemon's, or from a sandboxed agent,
+  is answered 403 and closed before a byte of the request is read (see ``peercred``);
 - a request uvicorn cannot even parse gets the JSON error body, not ``text/plain``;
 - a peer that stops reading is cut off: once the transport has had to pause writing and
   not one byte of its buffer drained for ``stall_timeout`` seconds, the connection is
@@ -22,7 +22,12 @@ from uvicorn.config import HTTP_PROTOCOLS
 from uvicorn.importer import import_from_string
 
 from gridd.api.errors import raw_error_response
-from gridd.api.peercred import forbidden_response, peer_uid
+from gridd.api.peercred import (
+    forbidden_response,
+    peer_cred,
+    sandboxed_peer,
+    sandboxed_response,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +78,10 @@ def gridd_protocol(
     header_timeout: float = 10.0,
     gate: ConnectionGate | None = None,
     base: type[asyncio.Protocol] | None = None,
+    shim: str | None = None,
 ) -> type[asyncio.Protocol]:
-    """Subclass uvicorn's HTTP protocol (``auto``: httptools, else h11) with the guards."""
+    """Subclass uvicorn's HTTP protocol (``auto``: httptools, else h11) with the guards.
+    ``shim``: the shim's path, to refuse the connections of sandboxed agents."""
     parent: Any = base if base is not None else import_from_string(HTTP_PROTOCOLS["httptools"])
     connections = gate if gate is not None else ConnectionGate(1_000_000)
 
@@ -90,10 +97,14 @@ def gridd_protocol(
 
         def connection_made(self, transport: Any) -> None:
             sock = transport.get_extra_info("socket")
-            uid = peer_uid(sock) if sock is not None else None
+            pid, uid = (peer_cred(sock) if sock is not None else None) or (None, None)
             if uid is not None and uid != allowed_uid:
                 log.warning("refused connection from uid %d", uid)
                 self._refuse(transport, uid, forbidden_response(uid))
+                return
+            if pid is not None and shim is not None and sandboxed_peer(pid, shim):
+                log.warning("refused connection from sandboxed process %d", pid)
+                self._refuse(transport, uid or 0, sandboxed_response(pid))
                 return
             if connections.open >= connections.cap + RESERVED_SLOTS:
                 self._refuse(transport, 0, _busy_bytes())

@@ -16,6 +16,7 @@ from gridd.liveness import Limits
 from gridd.model import Agent
 from gridd.pool.roster import Roster
 from gridd.questions import QuestionBook
+from gridd.runs.egress import EgressProxies
 from gridd.runs.executor import Executor
 from gridd.settings import AgentProfile, Settings
 from gridd.state import GridState
@@ -35,6 +36,8 @@ class PoolContext:
     roster: Roster
     #: Whether ``.grid/`` takes writes: a start failed by the disk is not the task's.
     disk: DiskFault
+    #: The filtering proxies of the runs whose sandbox's network is ``allowlist``.
+    egress: EgressProxies
 
     def limits(self, agent: Agent) -> Limits:
         """The agent's health limits: its profile's, else the scheduler's defaults."""

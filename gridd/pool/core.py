@@ -33,6 +33,7 @@ from gridd.pool.stopping import Stopper
 from gridd.pool.talking import Conversation, output_log
 from gridd.pool.watching import OnExit, Watcher
 from gridd.questions import QuestionBook
+from gridd.runs.egress import EgressProxies
 from gridd.runs.executor import Executor
 from gridd.runs.output import OutputLog
 from gridd.runs.wakeups import Wakeups
@@ -62,6 +63,9 @@ class AgentPool:
         self.profiles = settings.profiles()
         self.roster = Roster(settings.scheduler)
         self.roster.restore_backoffs(list(state.tasks.values()))
+        self.bus = bus
+        #: Each sandboxed run's filtering proxy (``network = "allowlist"``).
+        self.egress = EgressProxies(self._sandbox_denied)
         ctx = PoolContext(
             workspace=workspace,
             settings=settings,
@@ -73,6 +77,7 @@ class AgentPool:
             executor=executor,
             roster=self.roster,
             disk=disk,
+            egress=self.egress,
         )
         watch = settings.watch
         self.wakeups = Wakeups(
@@ -107,6 +112,20 @@ class AgentPool:
     @on_exit.setter
     def on_exit(self, callback: OnExit | None) -> None:
         self.watcher.on_exit = callback
+
+    def _sandbox_denied(self, agent_id: str, target: str, unreported: int) -> None:
+        """A run's proxy refused a host (``runs/egress.py``, rate-limited there)."""
+        agent = self.state.agents.get(agent_id)
+        self.bus.publish(
+            "agent.sandbox_denied",
+            {
+                "agentId": agent_id,
+                "taskId": agent.task_id if agent is not None else None,
+                "kind": "network",
+                "target": target,
+                "unreported": unreported,
+            },
+        )
 
     def backoff(self, attempts: int) -> float:
         return self.roster.backoff(attempts)

@@ -75,6 +75,8 @@ class Reattacher:
             run.replay(agent.output_seq)
         self._resume_output(agent, run)
         run.last_life = time.monotonic()  # we cannot know; don't call it a launch failure
+        if handle.exit_status() is None:
+            await self._reopen_proxy(agent)
         self.ctx.roster.handles[agent.id] = handle
         self.ctx.roster.runs[agent.id] = run
         elapsed = (utcnow() - agent.started_at).total_seconds()
@@ -90,6 +92,20 @@ class Reattacher:
             },
         )
         self.watcher.spawn(agent.id)
+
+    async def _reopen_proxy(self, agent: Agent) -> None:
+        """A run whose network is ``allowlist`` gets its proxy back, on the port its
+        Landlock ruleset names (its only way out). Taken meanwhile, the run has none."""
+        box = agent.sandbox or {}
+        port = box.get("proxyPort")
+        if box.get("network") != "allowlist" or not isinstance(port, int):
+            return
+        try:
+            await self.ctx.egress.open(agent.id, box.get("allowHosts") or [], port=port)
+        except OSError as exc:
+            warning = f"its sandbox's proxy could not listen again on port {port}: {exc}"
+            log.warning("agent %s: %s", agent.id, warning)
+            self.ctx.bus.publish("agent.warning", {"agentId": agent.id, "warning": warning})
 
     async def _settled(self, agent: Agent, handle: AgentHandle) -> AgentHandle:
         """Its supervisor took the run: wait until it says the agent runs (or could not

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from gridd.adapters.base import Adapter
@@ -31,6 +32,7 @@ from gridd.pool.context import PoolContext
 from gridd.pool.prompts import continuation_prompt, feedback_prompt, render_command
 from gridd.pool.rundirs import new_run
 from gridd.pool.watching import Watcher
+from gridd.runs.egress import proxy_env
 from gridd.runs.executor import Launch
 from gridd.runs.remote import placement
 from gridd.runs.sandbox import sandbox_for
@@ -307,6 +309,11 @@ class Spawner:
         )
         if sandbox is not None:
             env |= {"TMPDIR": sandbox.tmpdir, "TMP": sandbox.tmpdir, "TEMP": sandbox.tmpdir}
+        if sandbox is not None and sandbox.network == "allowlist":
+            # Its one way out; its port goes into the record, for a restarted daemon.
+            port = await self.ctx.egress.open(agent_id, sandbox.hosts)
+            sandbox = replace(sandbox, proxy_port=port)
+            env |= proxy_env(port)
         self.ctx.state.update_task(
             task_id,
             attempts=attempt,
@@ -346,6 +353,7 @@ class Spawner:
                 )
             )
         except (GriddError, OSError) as exc:
+            self.ctx.egress.close(agent_id)
             message = exc.message if isinstance(exc, GriddError) else describe(exc)
             move_agent(
                 self.ctx.state,

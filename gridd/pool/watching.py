@@ -187,6 +187,7 @@ class Watcher:
             if status is None and now >= next_liveness:
                 next_liveness = now + LIVENESS_SECONDS
             if status is not None:
+                self.ctx.egress.close(agent_id)  # nothing of the run is left to use it
                 await self._read_the_rest(agent_id, run, wake)
                 self.wakeups.unwatch(wake)  # nothing more can happen to it
                 if self.on_exit is not None:

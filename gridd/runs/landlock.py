@@ -15,6 +15,11 @@ entry that does, on each of its own entries, down the hidden paths' ancestor cha
 (``plan``). The ancestors themselves get only ``READ_DIR``: names inside a hidden directory
 can be listed, its files cannot be read. A symbolic link is never followed while planning:
 a rule is on an inode, and access through a link is checked at the link's target.
+
+The network (ABI 4): a run whose ``network`` is ``none`` or ``allowlist`` may neither bind
+a TCP port nor connect to one, except (``allowlist``) to the port of its own filtering
+proxy (``runs/egress.py``), which the daemon runs on loopback. Landlock's TCP rules name a
+port, not an address, and cover TCP only (UDP and Unix sockets are not network rights).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ SYS_LANDLOCK_ADD_RULE = 445
 SYS_LANDLOCK_RESTRICT_SELF = 446
 LANDLOCK_CREATE_RULESET_VERSION = 1
 LANDLOCK_RULE_PATH_BENEATH = 1
+LANDLOCK_RULE_NET_PORT = 2
 PR_SET_NO_NEW_PRIVS = 38
 
 # File-system rights (``<linux/landlock.h>``); which exist depends on the ABI.
@@ -53,6 +59,14 @@ IOCTL_DEV = 1 << 15  # ABI 5
 # socket of, a process outside its sandbox (the daemon, other agents, the user's session).
 SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0
 SCOPE_SIGNAL = 1 << 1
+
+# Network rights (ABI 4): TCP only, by port.
+NET_BIND_TCP = 1 << 0
+NET_CONNECT_TCP = 1 << 1
+#: The first ABI with TCP rules (Linux 6.7).
+NET_ABI = 4
+#: ``network`` values: ``allow`` leaves the network alone; the others need ``NET_ABI``.
+NETWORKS = ("allow", "none", "allowlist")
 
 READ = EXECUTE | READ_FILE | READ_DIR
 #: Rights that mean something on a file (the others only on a directory).
@@ -117,10 +131,21 @@ def usable_abi(ceiling: int | None = None) -> int:
     return abi if ceiling is None else min(abi, ceiling)
 
 
-def unavailable(mode: str, abi: int) -> str | None:
-    """Why a kernel of Landlock ``abi`` cannot enforce ``mode`` (None: it can)."""
-    if mode == "off" or abi >= MIN_ABI:
+def net_rights(network: str, abi: int) -> int:
+    """The network rights a run's ruleset handles (denies but where a rule allows)."""
+    return NET_BIND_TCP | NET_CONNECT_TCP if network != "allow" and abi >= NET_ABI else 0
+
+
+def unavailable(mode: str, abi: int, network: str = "allow") -> str | None:
+    """Why a kernel of Landlock ``abi`` cannot enforce ``mode`` with ``network`` (None:
+    it can)."""
+    if mode == "off" or (abi >= MIN_ABI and (network == "allow" or abi >= NET_ABI)):
         return None
+    if abi >= MIN_ABI:
+        return (
+            f"network = {network!r} needs Landlock ABI {NET_ABI} (Linux 6.7 or newer) for its"
+            f" TCP rules; this kernel offers ABI {abi}"
+        )
     if not sys.platform.startswith("linux"):
         return f"sandbox mode {mode!r} needs Linux Landlock; this system ({sys.platform}) has none"
     return (
@@ -199,9 +224,16 @@ def plan(
     return rules
 
 
-def restrict(rules: list[tuple[str, int]], *, abi: int) -> None:
-    """Set ``no_new_privs`` and bind this process (and all it starts) to ``rules``.
-    Raises ``SandboxUnavailable`` when the kernel refuses."""
+def restrict(
+    rules: list[tuple[str, int]],
+    *,
+    abi: int,
+    network: str = "allow",
+    connect_ports: list[int] | tuple[int, ...] = (),
+) -> None:
+    """Set ``no_new_privs`` and bind this process (and all it starts) to ``rules``; with a
+    ``network`` other than ``allow``, to no TCP bind and no TCP connect but to
+    ``connect_ports``. Raises ``SandboxUnavailable`` when the kernel refuses."""
     if abi < MIN_ABI:
         raise SandboxUnavailable(errno.ENOSYS, unavailable("workspace", abi) or "no Landlock")
     import ctypes  # the shim imports it ahead of need (``shim._preload``)
@@ -227,7 +259,13 @@ def restrict(rules: list[tuple[str, int]], *, abi: int) -> None:
         _pack_ = 1
         _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
-    attr = RulesetAttr(fs_rights(abi), 0, scopes(abi))
+    class NetPort(ctypes.Structure):
+        _pack_ = 1
+        _fields_ = [("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64)]
+
+    if (why := unavailable("workspace", abi, network)) is not None:
+        raise SandboxUnavailable(errno.ENOSYS, why)
+    attr = RulesetAttr(fs_rights(abi), net_rights(network, abi), scopes(abi))
     # An older kernel rejects a larger struct: ABI 1-3 know only the first field, 4-5 two.
     size = 8 if abi < 4 else 16 if abi < 6 else 24
     ruleset = libc.syscall(
@@ -257,6 +295,16 @@ def restrict(rules: list[tuple[str, int]], *, abi: int) -> None:
                     raise fail(f"landlock_add_rule({path})")
             finally:
                 os.close(fd)
+        for port in connect_ports if network == "allowlist" else ():
+            net = NetPort(NET_CONNECT_TCP, port)
+            if libc.syscall(
+                ctypes.c_long(SYS_LANDLOCK_ADD_RULE),
+                ctypes.c_int(ruleset),
+                ctypes.c_int(LANDLOCK_RULE_NET_PORT),
+                ctypes.byref(net),
+                ctypes.c_uint32(0),
+            ):
+                raise fail(f"landlock_add_rule(TCP port {port})")
         if libc.syscall(
             ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_int(ruleset), ctypes.c_uint32(0)
         ):
@@ -267,17 +315,20 @@ def restrict(rules: list[tuple[str, int]], *, abi: int) -> None:
 
 def enforce(sandbox: dict[str, object]) -> None:
     """Apply a run's sandbox (the spec's ``sandbox``: ``mode``, ``writable``, ``hidden``,
-    ``appendable``, resolved absolute paths) to this process: the shim's child, just before
-    ``exec``. An appendable file is created first: a rule needs an inode to name."""
+    ``appendable``, resolved absolute paths; ``network`` and its proxy's ``connect_ports``)
+    to this process: the shim's child, just before ``exec``. An appendable file is created
+    first: a rule needs an inode to name."""
     mode = str(sandbox.get("mode", "off"))
+    network = str(sandbox.get("network", "allow"))
     if mode == "off":
         return
     abi = abi_version()
     ceiling = sandbox.get("abi")
     if isinstance(ceiling, int):  # the daemon's seam: a kernel that offers less
         abi = min(abi, ceiling)
-    if (why := unavailable(mode, abi)) is not None:
+    if (why := unavailable(mode, abi, network)) is not None:
         raise SandboxUnavailable(errno.ENOSYS, why)
+    ports = [int(p) for p in sandbox.get("connect_ports", ())]  # type: ignore[attr-defined]
     writable = [str(p) for p in sandbox.get("writable", ())]  # type: ignore[attr-defined]
     hidden = [str(p) for p in sandbox.get("hidden", ())]  # type: ignore[attr-defined]
     appendable = [str(p) for p in sandbox.get("appendable", ())]  # type: ignore[attr-defined]
@@ -287,4 +338,4 @@ def enforce(sandbox: dict[str, object]) -> None:
         except OSError:
             pass  # its directory is gone: nothing to write there anyway
     rules = plan(writable=writable, hidden=hidden, appendable=appendable, abi=abi)
-    restrict(rules, abi=abi)
+    restrict(rules, abi=abi, network=network, connect_ports=ports)

@@ -58,13 +58,15 @@ class LocalExecutor:
         sandbox = None
         if launch.sandbox is not None:
             abi = self.sandbox_abi()
-            why = landlock.unavailable(launch.sandbox.mode, abi)
+            box = launch.sandbox
+            why = landlock.unavailable(box.mode, abi, box.network)
             if why is not None:
+                undo = 'network = "allow"' if abi >= landlock.MIN_ABI else 'mode = "off"'
                 raise GriddError(
                     f"sandbox_unavailable: {why}; the run does not start (the profile's"
-                    ' [agents.<name>.sandbox] mode = "off" runs it unconfined)',
+                    f" [agents.<name>.sandbox] {undo} runs it without that)",
                     code="sandbox_unavailable",
-                    details={"mode": launch.sandbox.mode, "landlockAbi": abi},
+                    details={"mode": box.mode, "network": box.network, "landlockAbi": abi},
                 )
             launch.sandbox.make_missing()  # its TMPDIR; a CLI's state on its first run
             sandbox = launch.sandbox.spec(abi=self.landlock_abi)

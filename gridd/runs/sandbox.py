@@ -12,6 +12,11 @@ daemon does later (a restart leaves a running agent's sandbox exactly as it was)
 - ``read-only``: the same without the worktree.
 - ``off``: no sandbox (the default, as before the sandbox existed).
 
+And its network: ``allow`` (as the user has it), ``none`` (no TCP connect or bind), or
+``allowlist``: only the profile's ``allow_hosts`` (by default its CLI's API host), through
+the run's filtering proxy (``runs/egress.py``), whose port is the one TCP port the kernel
+lets it connect to.
+
 Always hidden, whatever the profile says: the workspace's ``.grid/`` (the state database,
 the socket's directory, other runs' directories and every task's worktree; the run's own
 worktree, ``TMPDIR``, output log and heartbeat file are granted back).
@@ -32,6 +37,13 @@ from gridd.settings import SandboxSettings
 #: starts; any other missing one is made an empty file (0600). Landlock grants an inode, so
 #: what does not exist could not be written (a CLI's first run makes its state).
 ADAPTER_WRITABLE: dict[str, tuple[str, ...]] = {"claude": ("~/.claude/", "~/.claude.json")}
+#: Per adapter: the hosts its CLI needs with ``network = "allowlist"``, when the profile
+#: lists none.
+ADAPTER_HOSTS: dict[str, tuple[str, ...]] = {
+    "claude": ("api.anthropic.com",),
+    "codex": ("api.openai.com", "chatgpt.com"),
+    "gemini": ("generativelanguage.googleapis.com", "cloudcode-pa.googleapis.com"),
+}
 
 
 @dataclass(frozen=True)
@@ -46,6 +58,10 @@ class Sandbox:
     tmpdir: str
     #: The writable paths that are directories (the others are files, when made).
     directories: frozenset[str] = frozenset()
+    #: "allow", "none" or "allowlist" (``hosts`` only, through the proxy on ``proxy_port``).
+    network: str = "allow"
+    hosts: tuple[str, ...] = ()
+    proxy_port: int | None = None
 
     def make_missing(self) -> None:
         """Make each writable path that does not exist yet: a directory (0700) or an
@@ -67,14 +83,24 @@ class Sandbox:
             "writable": list(self.writable),
             "hidden": list(self.hidden),
             "appendable": list(self.appendable),
+            "network": self.network,
+            "connect_ports": [self.proxy_port] if self.proxy_port else [],
         }
         if abi is not None:
             spec["abi"] = abi
         return spec
 
     def wire(self) -> dict[str, Any]:
-        """What ``/agents/{id}`` shows."""
-        return {"mode": self.mode, "writable": list(self.writable), "hidden": list(self.hidden)}
+        """What ``/agents/{id}`` shows (and a restarted daemon reopens the proxy from)."""
+        wire: dict[str, Any] = {
+            "mode": self.mode,
+            "writable": list(self.writable),
+            "hidden": list(self.hidden),
+            "network": self.network,
+        }
+        if self.network == "allowlist":
+            wire |= {"allowHosts": list(self.hosts), "proxyPort": self.proxy_port}
+        return wire
 
 
 def _expand(path: str, home: Path) -> str:
@@ -118,7 +144,12 @@ def sandbox_for(
     appendable = tuple(
         os.path.realpath(run_dir / name) for name in ("output.log", "heartbeat.ndjson")
     )
+    hosts = settings.allow_hosts
+    if hosts is None:
+        hosts = list(ADAPTER_HOSTS.get(adapter, ()))
     return Sandbox(
+        network=settings.network,
+        hosts=tuple(hosts) if settings.network == "allowlist" else (),
         mode=settings.mode,
         writable=tuple(dict.fromkeys(writable)),
         hidden=tuple(dict.fromkeys(hidden)),

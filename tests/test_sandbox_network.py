@@ -1,0 +1,290 @@
+"""A sandboxed agent reaches only what its profile allows: with ``network = "allowlist"`` the
+kernel (Landlock's TCP rules) refuses every TCP connection but the one to its run's
+filtering proxy, the proxy refuses every host not listed (403, ``agent.sandbox_denied``) and
+lets the listed ones through; the agent cannot call the daemon's API over its socket, and a
+set-user-ID program gains it nothing (``no_new_privs``).
+
+Real daemon, real shims, real processes and sockets on this kernel; every attack is also run
+with the sandbox off (the control), where it works, so the tests prove the sandbox did it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gridd.runs import egress, landlock
+from tests.helpers import (
+    agent_command,
+    core_daemon,
+    event_log,
+    git_show,
+    restartable_daemon,
+    wait_for,
+    wait_task_status,
+    write_core_config,
+)
+
+pytestmark = pytest.mark.skipif(
+    landlock.abi_version() < landlock.NET_ABI,
+    reason="this kernel's Landlock has no TCP rules (ABI 4)",
+)
+
+ATTACKS = ["direct", "proxy_forbidden", "bind", "setuid", "daemon_socket"]
+REACHES = ["proxy_allowed", "http_allowed"]
+
+
+class Hello:
+    """A loopback listener answering any request with ``hello``."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.server.getsockname()[1])
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.settimeout(5)
+                    conn.recv(65536)
+                    conn.sendall(b"HTTP/1.0 200 OK\r\ncontent-length: 6\r\n\r\nhello\n")
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.server.close()
+
+
+@pytest.fixture
+def listeners() -> Iterator[tuple[Hello, Hello]]:
+    forbidden, allowed = Hello(), Hello()
+    try:
+        yield forbidden, allowed
+    finally:
+        forbidden.close()
+        allowed.close()
+
+
+@pytest.fixture
+def setuid_program() -> Iterator[str]:
+    """A program whose set-user-ID bit would change the effective uid: run as root, a copy
+    of ``sleep`` owned by ``nobody``; run as anyone else, ``su`` (set-user-ID root)."""
+    if os.geteuid() != 0:
+        su = shutil.which("su")
+        if su is None or not os.stat(su).st_mode & 0o4000:
+            pytest.skip("no set-user-ID su here, and only root can make another")
+        yield su
+        return
+    with tempfile.TemporaryDirectory(prefix="gs") as d:
+        os.chmod(d, 0o755)
+        program = Path(d) / "sleep"
+        shutil.copy2(shutil.which("sleep") or "/bin/sleep", program)
+        os.chown(program, 65534, 65534)
+        os.chmod(program, 0o4755)
+        yield str(program)
+
+
+def _config(
+    repo: Path, listeners: tuple[Hello, Hello], program: str, box: dict[str, object]
+) -> None:
+    forbidden, allowed = listeners
+    write_core_config(
+        repo,
+        agents={
+            "boxed": {
+                "command": agent_command(
+                    "network_attacks.py", str(forbidden.port), str(allowed.port), program
+                ),
+                "sandbox": box,
+            }
+        },
+        scheduler={"default_agent": "boxed"},
+    )
+
+
+def _allowlist(allowed: Hello) -> dict[str, object]:
+    return {
+        "mode": "workspace",
+        "network": "allowlist",
+        "allow_hosts": [f"127.0.0.1:{allowed.port}"],
+    }
+
+
+def _results(repo: Path) -> dict[str, dict[str, str]]:
+    found = {
+        who: git_show(repo, f"grid/net:{name}")
+        for who, name in (("agent", "network.json"), ("grandchild", "network-grandchild.json"))
+    }
+    assert all(found.values()), f"the agent's results were not committed: {found}"
+    return {who: json.loads(text or "{}") for who, text in found.items()}
+
+
+def _verdicts(result: dict[str, str]) -> dict[str, str]:
+    return {name: outcome.split(":")[0] for name, outcome in result.items()}
+
+
+def test_an_allowlisted_sandbox_reaches_only_its_hosts_and_reports_the_rest(
+    repo: Path, listeners: tuple[Hello, Hello], setuid_program: str
+) -> None:
+    forbidden, allowed = listeners
+    _config(repo, listeners, setuid_program, _allowlist(allowed))
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        c.post("/tasks", {"id": "net", "title": "network attacks", "maxAttempts": 1})
+        c.post("/session/start", {"maxAgents": 1})
+        wait_task_status(c, "net", "review", timeout=60)
+        (agent,) = c.get("/agents", params={"all": "1"})
+        denied = [e.data for e in event_log(c, types={"agent.sandbox_denied"})]
+    box = agent["sandbox"]
+    assert box["network"] == "allowlist"
+    assert box["allowHosts"] == [f"127.0.0.1:{allowed.port}"]
+    results = _results(repo)
+    for who, result in results.items():
+        verdicts = _verdicts(result)
+        assert verdicts == {
+            **dict.fromkeys(ATTACKS, "denied"),
+            **dict.fromkeys(REACHES, "allowed"),
+        }, (
+            who,
+            result,
+        )
+        assert "Permission denied" in result["direct"], result  # the kernel's EACCES
+        assert "403" in result["proxy_forbidden"], result
+        assert "sandboxed" in result["daemon_socket"] or "403" in result["daemon_socket"], result
+    target = f"127.0.0.1:{forbidden.port}"
+    # The agent and its grandchild each asked the proxy once for the forbidden listener.
+    assert [(d["target"], d["kind"], d["taskId"]) for d in denied] == [
+        (target, "network", "net")
+    ] * 2, denied
+    assert all(d["agentId"] == agent["id"] for d in denied)
+
+
+def test_without_the_sandbox_every_network_attack_works(
+    repo: Path, listeners: tuple[Hello, Hello], setuid_program: str
+) -> None:
+    """The control: the same agent with the sandbox off does every one of them."""
+    _config(repo, listeners, setuid_program, {"mode": "off"})
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        c.post("/tasks", {"id": "net", "title": "network attacks", "maxAttempts": 1})
+        c.post("/session/start", {"maxAgents": 1})
+        wait_task_status(c, "net", "review", timeout=60)
+        assert event_log(c, types={"agent.sandbox_denied"}) == []
+    for who, result in _results(repo).items():
+        assert _verdicts(result) == dict.fromkeys(ATTACKS + REACHES, "allowed"), f"{who}: {result}"
+
+
+def test_a_sandbox_without_network_reaches_nothing_over_tcp(
+    repo: Path, listeners: tuple[Hello, Hello], setuid_program: str
+) -> None:
+    """``network = "none"``: no proxy, no TCP connection anywhere, the listed host neither."""
+    _config(repo, listeners, setuid_program, {"mode": "workspace", "network": "none"})
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        c.post("/tasks", {"id": "net", "title": "network attacks", "maxAttempts": 1})
+        c.post("/session/start", {"maxAgents": 1})
+        wait_task_status(c, "net", "review", timeout=60)
+        (agent,) = c.get("/agents", params={"all": "1"})
+    assert agent["sandbox"]["network"] == "none" and "proxyPort" not in agent["sandbox"]
+    for who, result in _results(repo).items():
+        assert _verdicts(result) == dict.fromkeys(ATTACKS + REACHES, "denied"), (who, result)
+        assert "Permission denied" in result["proxy_allowed"], result
+
+
+def test_a_kernel_without_tcp_rules_starts_no_network_restricted_run(
+    repo: Path, listeners: tuple[Hello, Hello], setuid_program: str
+) -> None:
+    """``[daemon] landlock_abi = 3`` stands for a kernel with Landlock but no TCP rules:
+    the run never starts, and the task says what is missing. Doctor says it too."""
+    _config(repo, listeners, setuid_program, _allowlist(listeners[1]))
+    with (repo / ".grid" / "config.toml").open("a") as config:
+        config.write("\n[daemon]\nlandlock_abi = 3\n")
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        c.post("/tasks", {"id": "net", "title": "network attacks", "maxAttempts": 1})
+        c.post("/session/start", {"maxAgents": 1})
+        task = wait_task_status(c, "net", "failed", timeout=30)
+        (agent,) = c.get("/agents", params={"all": "1"})
+    error = str(task["error"])
+    assert error.startswith("could not start the agent: sandbox_unavailable:"), error
+    assert "needs Landlock ABI 4" in error and "offers ABI 3" in error, error
+    assert agent["pid"] is None
+
+
+def test_a_restarted_daemon_opens_a_running_agents_proxy_again_on_its_port(
+    repo: Path, listeners: tuple[Hello, Hello]
+) -> None:
+    """The agent's ruleset names its proxy's port for good: the daemon that reattaches it
+    listens there again, with the same list."""
+    forbidden, allowed = listeners
+    probe = "\n".join(
+        [
+            "import os,socket,sys,time",
+            "from urllib.parse import urlsplit",
+            "p=urlsplit(os.environ['HTTPS_PROXY'])",
+            "def ask(port):",
+            "    s=socket.create_connection((p.hostname,p.port),timeout=5)",
+            "    s.sendall(f'CONNECT 127.0.0.1:{port} HTTP/1.1\\r\\n\\r\\n'.encode())",
+            "    return s.recv(100).split(b'\\r\\n')[0].decode()",
+            f"print('before', ask({allowed.port}), flush=True)",
+            "while not os.path.exists('go'): time.sleep(0.05)",
+            f"print('after', ask({allowed.port}), ask({forbidden.port}), flush=True)",
+        ]
+    )
+    write_core_config(
+        repo,
+        agents={"boxed": {"command": ["python3", "-c", probe], "sandbox": _allowlist(allowed)}},
+        scheduler={"default_agent": "boxed"},
+    )
+    with restartable_daemon(repo) as grid:
+        c = grid.client()
+        c.post("/tasks", {"id": "net", "title": "restart", "maxAttempts": 1})
+        c.post("/session/start", {"maxAgents": 1})
+        before = wait_for(lambda: [a for a in c.get("/agents") if a["pid"]], timeout=30)[0]
+        log = Path(before["runDir"]) / "output.log"
+        wait_for(lambda: "before" in log.read_text(), timeout=30, message="the first ask")
+        grid.kill9()
+        grid.start()
+        after = wait_for(lambda: [a for a in c.get("/agents") if a["pid"]], timeout=30)[0]
+        assert after["pid"] == before["pid"]
+        (Path(after["worktreePath"]) / "go").touch()
+        wait_task_status(c, "net", "review", timeout=60)
+    lines = log.read_text().splitlines()
+    assert "before HTTP/1.1 200 Connection established" in lines, lines
+    assert "after HTTP/1.1 200 Connection established HTTP/1.1 403 Forbidden" in lines, lines
+
+
+def test_the_proxy_decides_by_the_name_and_port_the_agent_asked_for() -> None:
+    """The decision alone: a host listed without a port is HTTPS and HTTP; ``*.`` is its
+    subdomains, not itself; an address is not the name that resolves to it."""
+    rules = [
+        egress.HostRule.parse(h)
+        for h in ("api.anthropic.com", "*.pypi.org", "[::1]:8080", "10.0.0.1:22")
+    ]
+    assert egress.allowed("api.anthropic.com", 443, rules)
+    assert egress.allowed("API.Anthropic.com.", 80, rules)
+    assert not egress.allowed("api.anthropic.com", 22, rules)
+    assert not egress.allowed("evil.api.anthropic.com", 443, rules)
+    assert egress.allowed("files.pypi.org", 443, rules)
+    assert not egress.allowed("pypi.org", 443, rules)
+    assert egress.allowed("::1", 8080, rules)
+    assert egress.allowed("10.0.0.1", 22, rules)
+    assert not egress.allowed("10.0.0.1", 443, rules)
+    limit = egress.DenialLimit(burst=2, window=60)
+    assert [limit.take("a", now=t) for t in (0, 1, 2, 3)] == [0, 0, None, None]
+    assert limit.take("a", now=61) == 2  # the two held back, said with the next one
+    assert limit.take("b", now=3) == 0

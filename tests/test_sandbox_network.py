@@ -21,12 +21,14 @@ from pathlib import Path
 
 import pytest
 
+from gridd.client import GridClient
 from gridd.runs import egress, landlock
 from tests.helpers import (
     agent_command,
     core_daemon,
     event_log,
     git_show,
+    gridctl,
     restartable_daemon,
     wait_for,
     wait_task_status,
@@ -133,6 +135,13 @@ def _results(repo: Path) -> dict[str, dict[str, str]]:
     return {who: json.loads(text or "{}") for who, text in found.items()}
 
 
+def _run(c: GridClient, status: str = "review") -> dict[str, object]:
+    """The attacker's task, started in a session and seen to reach ``status``."""
+    c.post("/tasks", {"id": "net", "title": "network attacks", "maxAttempts": 1})
+    c.post("/session/start", {"maxAgents": 1})
+    return wait_task_status(c, "net", status, timeout=60)
+
+
 def _verdicts(result: dict[str, str]) -> dict[str, str]:
     return {name: outcome.split(":")[0] for name, outcome in result.items()}
 
@@ -144,11 +153,11 @@ def test_an_allowlisted_sandbox_reaches_only_its_hosts_and_reports_the_rest(
     _config(repo, listeners, setuid_program, _allowlist(allowed))
     with core_daemon(repo) as daemon:
         c = daemon.client()
-        c.post("/tasks", {"id": "net", "title": "network attacks", "maxAttempts": 1})
-        c.post("/session/start", {"maxAgents": 1})
-        wait_task_status(c, "net", "review", timeout=60)
+        _run(c)
         (agent,) = c.get("/agents", params={"all": "1"})
         denied = [e.data for e in event_log(c, types={"agent.sandbox_denied"})]
+        listed = gridctl(repo, "agents", "--all", env={**os.environ, "COLUMNS": "300"})
+    assert f"network: 127.0.0.1:{allowed.port}" in listed.stdout, listed.stdout
     box = agent["sandbox"]
     assert box["network"] == "allowlist"
     assert box["allowHosts"] == [f"127.0.0.1:{allowed.port}"]
@@ -180,9 +189,7 @@ def test_without_the_sandbox_every_network_attack_works(
     _config(repo, listeners, setuid_program, {"mode": "off"})
     with core_daemon(repo) as daemon:
         c = daemon.client()
-        c.post("/tasks", {"id": "net", "title": "network attacks", "maxAttempts": 1})
-        c.post("/session/start", {"maxAgents": 1})
-        wait_task_status(c, "net", "review", timeout=60)
+        _run(c)
         assert event_log(c, types={"agent.sandbox_denied"}) == []
     for who, result in _results(repo).items():
         assert _verdicts(result) == dict.fromkeys(ATTACKS + REACHES, "allowed"), f"{who}: {result}"
@@ -195,9 +202,7 @@ def test_a_sandbox_without_network_reaches_nothing_over_tcp(
     _config(repo, listeners, setuid_program, {"mode": "workspace", "network": "none"})
     with core_daemon(repo) as daemon:
         c = daemon.client()
-        c.post("/tasks", {"id": "net", "title": "network attacks", "maxAttempts": 1})
-        c.post("/session/start", {"maxAgents": 1})
-        wait_task_status(c, "net", "review", timeout=60)
+        _run(c)
         (agent,) = c.get("/agents", params={"all": "1"})
     assert agent["sandbox"]["network"] == "none" and "proxyPort" not in agent["sandbox"]
     for who, result in _results(repo).items():
@@ -215,14 +220,18 @@ def test_a_kernel_without_tcp_rules_starts_no_network_restricted_run(
         config.write("\n[daemon]\nlandlock_abi = 3\n")
     with core_daemon(repo) as daemon:
         c = daemon.client()
-        c.post("/tasks", {"id": "net", "title": "network attacks", "maxAttempts": 1})
-        c.post("/session/start", {"maxAgents": 1})
-        task = wait_task_status(c, "net", "failed", timeout=30)
+        task = _run(c, "failed")
         (agent,) = c.get("/agents", params={"all": "1"})
     error = str(task["error"])
     assert error.startswith("could not start the agent: sandbox_unavailable:"), error
     assert "needs Landlock ABI 4" in error and "offers ABI 3" in error, error
+    assert 'network = "allow"' in error, error
     assert agent["pid"] is None
+    found = gridctl(repo, "doctor", "--json", env={**os.environ, "COLUMNS": "300"})
+    check = {c["check"]: c for c in json.loads(found.stdout)}["sandbox"]
+    assert found.returncode == 1 and check["verdict"] == "fail", check
+    assert "has no TCP rules" in check["detail"], check
+    assert "boxed (network allowlist)" in check["detail"], check
 
 
 def test_a_restarted_daemon_opens_a_running_agents_proxy_again_on_its_port(

@@ -223,7 +223,9 @@ def run_checks(ws: Workspace, environ: dict[str, str]) -> list[Check]:
     else:
         checks += check_binaries(configured_commands(settings, ws.root), environ)
         abi = landlock.usable_abi(settings.daemon.landlock_abi)
-        checks.append(check_sandbox(sandboxed_profiles(settings), abi))
+        networks = {n: p.sandbox.network for n, p in settings.profiles().items()}
+        fenced: dict[str, str] = {n: net for n, net in networks.items() if net != "allow"}
+        checks.append(check_sandbox(sandboxed_profiles(settings), abi, fenced))
     checks.append(check_trust(ws.root, ws.config_path, environ))
     checks.append(check_grid_dir(ws.grid_dir, os.getuid()))
     checks.append(check_links(ws))

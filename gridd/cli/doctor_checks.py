@@ -267,10 +267,20 @@ def check_trust(root: Path, config: Path, environ: dict[str, str]) -> Check:
     )
 
 
-def check_sandbox(modes: dict[str, str], abi: int) -> Check:
+def check_sandbox(modes: dict[str, str], abi: int, networks: dict[str, str] | None = None) -> Check:
     """What sandboxes this machine can enforce (Landlock's ABI), against the profiles that
-    ask for one (``modes``: profile -> sandbox mode, ``off`` ones left out)."""
+    ask for one (``modes``: profile -> sandbox mode, ``off`` ones left out; ``networks``:
+    profile -> network policy, ``allow`` ones left out)."""
     asked = ", ".join(f"{name} ({mode})" for name, mode in sorted(modes.items()))
+    fenced = ", ".join(f"{name} (network {net})" for name, net in sorted((networks or {}).items()))
+    if 1 <= abi < 4 and fenced:
+        return Check(
+            "sandbox",
+            "fail",
+            f"Landlock ABI {abi} has no TCP rules (ABI 4, Linux 6.7): runs of {fenced} will"
+            " not start (sandbox_unavailable)",
+            'run on Linux 6.7 or newer, or set [agents.<name>.sandbox] network = "allow"',
+        )
     if abi >= 1:
         gaps = [
             what
@@ -280,7 +290,13 @@ def check_sandbox(modes: dict[str, str], abi: int) -> Check:
         detail = f"Landlock ABI {abi}: the read-only and workspace sandboxes are enforced"
         if gaps:
             detail += f" (this ABI does not restrict {', '.join(gaps)})"
-        return Check("sandbox", "ok", detail + (f"; sandboxed: {asked}" if asked else ""))
+        detail += (
+            "; network none and allowlist too (TCP rules)"
+            if abi >= 4
+            else "; network none and allowlist are not (no TCP rules before ABI 4)"
+        )
+        detail += f"; sandboxed: {asked}" if asked else ""
+        return Check("sandbox", "ok", detail + (f"; {fenced}" if fenced else ""))
     missing = "no Landlock (Linux 5.13 or newer, with landlock in the kernel's lsm= list)"
     if not modes:
         return Check("sandbox", "ok", f"{missing}: a profile asking for a sandbox would not start")

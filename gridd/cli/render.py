@@ -286,7 +286,8 @@ def _activity(agent: Agent) -> str:
 
 def sandbox_text(agent: Agent) -> str:
     """The run's sandbox: its mode and what it may write (its worktree and ``TMPDIR`` by
-    those names, the home directory as ``~``); ``off`` when it has none."""
+    those names, the home directory as ``~``), and the hosts it may reach when its network
+    is restricted; ``off`` when it has none."""
     box = agent.sandbox
     if not box:
         return "off"
@@ -303,7 +304,11 @@ def sandbox_text(agent: Agent) -> str:
             shown.append("~" + path[len(home) :])
         else:
             shown.append(path)
-    return f"{box.get('mode', '?')}: {', '.join(shown)}" if shown else str(box.get("mode"))
+    text = f"{box.get('mode', '?')}: {', '.join(shown)}" if shown else str(box.get("mode"))
+    network = box.get("network", "allow")
+    if network == "allowlist":
+        return f"{text}; network: {', '.join(box.get('allowHosts') or []) or 'nothing'}"
+    return f"{text}; network: none" if network == "none" else text
 
 
 def _spend(agent: Agent) -> str:

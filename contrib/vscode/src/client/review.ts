@@ -38,6 +38,46 @@ export function conflictFiles(t: Task): string[] {
   return [...new Set(files)];
 }
 
+/** How a task's row is marked for conflicts (none once it is merging, done or cancelled). */
+export interface ConflictMark {
+  /** Every file concerned, each once: unresolved markers first, then the merge's. */
+  readonly files: string[];
+  /** Files that still hold conflict markers (or unmerged entries). */
+  readonly unresolved: string[];
+  /** True for a merge conflict that went back to its agent and came back resolved. */
+  readonly cameBack: boolean;
+  /** The row's words. */
+  readonly description: string;
+  /** What gridd told the agent about the conflict (the task's feedback), for the tooltip. */
+  readonly message?: string;
+}
+
+/**
+ * The mark of a task whose merge conflicted or that holds conflict markers. A conflict sent
+ * back to its agent (`[merge] on_conflict = "agent"`) and returned to review is not
+ * "unresolved": its agent resolved it, and the reviewer should check how.
+ * `askedAboutMerge`: gridd's own merge question for it is pending (on_conflict = "human").
+ */
+export function conflictMark(t: Task, askedAboutMerge = false): ConflictMark | undefined {
+  if (["merging", "done", "cancelled"].includes(t.status)) return undefined;
+  const unresolved = stringList(t["conflictUnresolved"]);
+  const merged = t.mergeConflict ?? [];
+  const files = [...new Set([...unresolved, ...merged])];
+  if (!files.length) return undefined;
+  const message = typeof t["feedback"] === "string" && merged.length ? t["feedback"] : undefined;
+  const list = files.join(", ");
+  if (unresolved.length) return { files, unresolved, cameBack: false, description: `unresolved conflict in ${unresolved.join(", ")}`, message };
+  if (askedAboutMerge) return { files, unresolved, cameBack: false, description: `merge conflict in ${list}: gridd asks what to do`, message };
+  if (t.status === "working") return { files, unresolved, cameBack: false, description: `merge conflict in ${list}: back with its agent to resolve`, message };
+  if (t.status === "review") return { files, unresolved, cameBack: true, description: `was a merge conflict in ${list}, resolved by its agent: check it`, message };
+  return { files, unresolved, cameBack: false, description: `merge conflict in ${list}`, message };
+}
+
+/** gridd's own merge question for this task is waiting (`[merge] on_conflict = "human"`). */
+export function askedAboutMerge(state: Pick<RepoState, "pendingQuestions">, taskId: string): boolean {
+  return state.pendingQuestions.some((q) => q.taskId === taskId && q.type === "merge_conflict");
+}
+
 function stringList(v: unknown): string[] {
   return Array.isArray(v) ? v.filter((x): x is string => typeof x === "string") : [];
 }

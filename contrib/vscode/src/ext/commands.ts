@@ -19,7 +19,7 @@ import { activeDiffTask, pickAndOpenDiff } from "./diff";
 import { guarded } from "./feedback";
 import { branches } from "./git";
 import type { Connections } from "./manager";
-import { cancelImpact, conflictFiles, proposeBranch, reviewEditsNote, stopSessionImpact } from "../client/review";
+import { cancelImpact, conflictMark, proposeBranch, reviewEditsNote, stopSessionImpact } from "../client/review";
 import { answerQuestion, askFreeText } from "./questions";
 import { reviewEdits } from "./reviewing";
 import type { Node } from "./views";
@@ -231,16 +231,19 @@ export function registerCommands(ctx: vscode.ExtensionContext, conns: Connection
     const sel = await taskOf(arg, ["review"], "approve");
     if (!sel) return undefined;
     const task = sel.conn.store.task(sel.task.id) ?? sel.task;
-    const files = conflictFiles(task);
-    const markers = Array.isArray(task.conflictUnresolved) ? task.conflictUnresolved : [];
+    const mark = conflictMark(task);
+    const markers = mark?.unresolved ?? [];
     const body: Record<string, unknown> = {};
-    if (files.length && !targetOf(arg).confirmed) {
+    if (mark && !targetOf(arg).confirmed) {
       const detail = [
         markers.length ? `Conflict markers are still in ${markers.join(", ")}; approving lets them through to the feature branch.` : "",
-        task.mergeConflict?.length ? `Its merge conflicted in ${task.mergeConflict.join(", ")}.` : "",
+        task.mergeConflict?.length ? `Its merge conflicted in ${task.mergeConflict.join(", ")}${mark.cameBack ? "; its agent resolved it: check the resolution in the diff" : ""}.` : "",
         reviewEditsNote(reviewEdits(sel.conn)),
       ].filter(Boolean).join("\n\n");
-      const ok = await vscode.window.showWarningMessage(`${task.id} has unresolved conflicts in ${files.join(", ")}. Approve anyway?`, { modal: true, detail }, "Approve Anyway");
+      const title = markers.length
+        ? `${task.id} has unresolved conflicts in ${mark.files.join(", ")}. Approve anyway?`
+        : `${task.id}: its merge conflicted in ${mark.files.join(", ")}. Approve it now?`;
+      const ok = await vscode.window.showWarningMessage(title, { modal: true, detail }, "Approve Anyway");
       if (ok !== "Approve Anyway") return undefined;
     }
     if (markers.length) body["acceptMarkers"] = markers;

@@ -9,7 +9,7 @@
 
 import * as vscode from "vscode";
 
-import { conflictFiles, newlyInReview, reviewEditsMode, type ReviewEdits } from "../client/review";
+import { askedAboutMerge, conflictMark, newlyInReview, reviewEditsMode, type ReviewEdits } from "../client/review";
 import type { GriddEvent } from "../client/types";
 import type { FolderConnection } from "./connection";
 
@@ -32,11 +32,13 @@ export class ReviewNotifier implements vscode.Disposable {
     this.seen.set(conn, new Map(tasks.map((t) => [t.id, t.status] as const)));
     if (!this.enabled()) return;
     for (const t of fresh) {
-      const files = conflictFiles(t);
-      const text = files.length
-        ? `gridd: ${t.title} (${t.id}) is back in review with unresolved conflicts in ${files.join(", ")}.`
-        : `gridd: ${t.title} (${t.id}) is ready for review.`;
-      const show = files.length ? vscode.window.showWarningMessage : vscode.window.showInformationMessage;
+      const mark = conflictMark(t, askedAboutMerge(conn.state, t.id));
+      const text = !mark
+        ? `gridd: ${t.title} (${t.id}) is ready for review.`
+        : mark.cameBack
+          ? `gridd: ${t.title} (${t.id}) is back in review after a merge conflict in ${mark.files.join(", ")}: its agent resolved it; check the resolution before approving.`
+          : `gridd: ${t.title} (${t.id}) is back in review: ${mark.description}.`;
+      const show = mark ? vscode.window.showWarningMessage : vscode.window.showInformationMessage;
       void show(text, "Diff", "Approve", "Reject").then((choice) => {
         const command = choice === "Diff" ? "gridd.openDiff" : choice === "Approve" ? "gridd.approveTask" : choice === "Reject" ? "gridd.rejectTask" : undefined;
         if (command) void vscode.commands.executeCommand(command, { folder: conn.root, taskId: t.id });

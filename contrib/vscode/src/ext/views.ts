@@ -9,7 +9,7 @@ import * as path from "node:path";
 
 import * as vscode from "vscode";
 
-import { agentsRow, conflictFiles, linkBanner, reviewEditsNote, type LinkBanner } from "../client/review";
+import { agentsRow, askedAboutMerge, conflictMark, linkBanner, reviewEditsNote, type LinkBanner } from "../client/review";
 import type { Agent, Question, Task } from "../client/types";
 import type { FolderConnection } from "./connection";
 import type { Connections } from "./manager";
@@ -105,16 +105,16 @@ function renderLive(node: Node): vscode.TreeItem {
       const t = node.task;
       // The status is the group's (or the view's): the label is the id, the title follows.
       const item = new vscode.TreeItem(t.id, vscode.TreeItemCollapsibleState.Collapsed);
-      const conflicted = conflictFiles(t);
-      item.description = conflicted.length ? `unresolved conflict in ${conflicted.join(", ")} · ${taskDescription(t)}` : taskDescription(t);
+      const mark = conflictMark(t, askedAboutMerge(node.conn.state, t.id));
+      item.description = mark ? `${mark.description} · ${taskDescription(t)}` : taskDescription(t);
       item.accessibilityInformation = { label: `${t.id}: ${t.status}, ${item.description}` };
       const review = t.status === "review" ? `\n\n${reviewEditsNote(reviewEdits(node.conn))}` : "";
-      const marked = conflicted.length ? `\n\n$(warning) unresolved conflict in ${conflicted.join(", ")}: approving asks first` : "";
+      const marked = mark ? `\n\n$(warning) ${mark.description}: approving asks first${mark.message ? `\n\ngridd told its agent: ${mark.message}` : ""}` : "";
       item.tooltip = new vscode.MarkdownString(`**${t.title}**\n\n${t.error ? `error: ${t.error}\n\n` : ""}${t.prompt ?? ""}${marked}${review}`, true);
-      item.iconPath = conflicted.length
+      item.iconPath = mark
         ? new vscode.ThemeIcon("warning", new vscode.ThemeColor("list.warningForeground"))
         : new vscode.ThemeIcon(STATUS_ICON[t.status] ?? "circle");
-      item.contextValue = `task.${t.status}${t.worktree ? ".hasWorktree" : ""}${conflicted.length ? ".conflicted" : ""}`;
+      item.contextValue = `task.${t.status}${t.worktree ? ".hasWorktree" : ""}${mark ? ".conflicted" : ""}`;
       item.id = `${node.conn.folder.uri.toString()}#task:${t.id}`;
       return item;
     }
@@ -164,9 +164,17 @@ function taskDetails(conn: FolderConnection, t: Task): Node[] {
   if (t.error) out.push(info("last error", t.error, "error"));
   if (t.branch) out.push(info("branch", t.branch, "git-branch"));
   if (t.changedFiles?.length) out.push(info("changed", t.changedFiles.join(", "), "diff"));
-  if (t.mergeConflict?.length) out.push(info("merge conflict", t.mergeConflict.join(", "), "git-merge"));
+  if (t.mergeConflict?.length) {
+    const message = conflictMark(t)?.message;
+    out.push({ kind: "info", conn, label: "merge conflict", description: `${t.mergeConflict.join(", ")}${message ? ` · ${firstSentence(message)}` : ""}`, icon: "git-merge", tooltip: message });
+  }
   if (t.costUsd) out.push(info("cost", money(t.costUsd), "credit-card"));
   return out;
+}
+
+function firstSentence(text: string): string {
+  const m = /^[^\n]*?[.!?](?=\s|$)/.exec(text.trim());
+  return m ? m[0] : text.trim().split("\n")[0] ?? "";
 }
 
 export function agentDescription(a: Agent): string {

@@ -6,6 +6,7 @@ import {
   answerChoices,
   cancelImpact,
   conflictFiles,
+  conflictMark,
   linkBanner,
   newlyInReview,
   proposeBranch,
@@ -47,6 +48,22 @@ test("a stale question toast says whether it was answered or closed, with the da
 test("a task is marked for unresolved markers and for a conflict that came back, each file once", () => {
   assert.deepEqual(conflictFiles(task("a", "review")), []);
   assert.deepEqual(conflictFiles(task("a", "review", { conflictUnresolved: ["x.py", "y.py"], mergeConflict: ["y.py"] })), ["x.py", "y.py"]);
+});
+
+test("a merge conflict that came back from its agent is marked as resolved by it, not as unresolved", () => {
+  const feedback = "Merging this task into the feature branch 'feat' conflicted. The feature branch has been merged into your worktree.";
+  const back = conflictMark(task("y", "review", { mergeConflict: ["shared.txt"], feedback }));
+  assert.equal(back?.cameBack, true);
+  assert.equal(back?.description, "was a merge conflict in shared.txt, resolved by its agent: check it");
+  assert.equal(back?.message, feedback);
+  assert.deepEqual(back?.unresolved, []);
+  assert.match(conflictMark(task("y", "working", { mergeConflict: ["shared.txt"] }))?.description ?? "", /back with its agent/);
+  assert.match(conflictMark(task("y", "review", { mergeConflict: ["shared.txt"] }), true)?.description ?? "", /gridd asks what to do/);
+  const markers = conflictMark(task("y", "review", { mergeConflict: ["shared.txt"], conflictUnresolved: ["notes.txt"] }));
+  assert.equal(markers?.description, "unresolved conflict in notes.txt");
+  assert.deepEqual(markers?.files, ["notes.txt", "shared.txt"]);
+  assert.equal(conflictMark(task("y", "review")), undefined);
+  assert.equal(conflictMark(task("y", "done", { mergeConflict: ["shared.txt"] })), undefined); // merged in the end
 });
 
 test("review_edits is what the daemon reports in its state, never a guess from a file", () => {

@@ -145,9 +145,13 @@ class Gridd {
     this.proc = undefined;
   }
 
-  async start() {
+  /** @param {{apiVersion?: number}} [o] apiVersion: the real gridd, made to speak another API version (a skewed daemon) */
+  async start(o = {}) {
     const log = fs.openSync(path.join(this.root, ".gridd-e2e.log"), "a");
-    this.proc = spawn(PYTHON, ["-m", "gridd.cli.gridd_main", "--workspace", this.root], { cwd: REPO, env: { ...process.env, ...this.env }, stdio: ["ignore", log, log] });
+    const main = o.apiVersion === undefined
+      ? ["-m", "gridd.cli.gridd_main"]
+      : ["-c", `import sys, gridd.grid; gridd.grid.API_VERSION = ${Number(o.apiVersion)}; from gridd.cli.gridd_main import main; sys.exit(main())`];
+    this.proc = spawn(PYTHON, [...main, "--workspace", this.root], { cwd: REPO, env: { ...process.env, ...this.env }, stdio: ["ignore", log, log] });
     fs.closeSync(log);
     const proc = this.proc;
     await waitFor(async () => {

@@ -15,8 +15,18 @@ async function runUi(out) {
   const repo = makeRepo();
   const stateHome = path.join(repo, ".e2e-state");
   fs.mkdirSync(stateHome);
-  writeConfig(repo, { asker: { command: agent("ask_heartbeat.py", "Which color?", "red", "blue") } }, { max_agents: 3 }, stateHome);
-  fs.writeFileSync(path.join(repo, ".git", "info", "exclude"), ".e2e-state/\n.gridd-e2e.log\n");
+  const editLog = path.join(repo, ".e2e-editlog");
+  fs.mkdirSync(editLog);
+  writeConfig(
+    repo,
+    {
+      asker: { command: agent("ask_heartbeat.py", "Which color?", "red", "blue") },
+      edit: { command: agent("editor.py", editLog, "{prompt}") }, // writes what its prompt says; resolves a conflict sent back
+    },
+    { max_agents: 3 },
+    stateHome,
+  );
+  fs.writeFileSync(path.join(repo, ".git", "info", "exclude"), ".e2e-state/\n.e2e-editlog/\n.gridd-e2e.log\n");
   const gridd = new Gridd(repo, { XDG_STATE_HOME: stateHome, GRID_EXAMPLE_DELAY: "0.2" });
   await gridd.start();
   const sock = gridd.sock;
@@ -264,9 +274,78 @@ async function runUi(out) {
       if (t.status !== "review" || !(t.conflictUnresolved ?? []).includes("notes.txt")) throw new Error(`ask4: ${t.status} ${JSON.stringify(t.conflictUnresolved)}`);
     });
 
-    await run.step("killing and restarting gridd shows not connected, then reconnects", async () => {
+    await run.step("a merge conflict that came back from its agent is marked in its row, with what gridd told the agent", async () => {
+      const write = (text) => JSON.stringify({ write: { "clash.txt": text } });
+      await api(sock, "POST", "/tasks", [
+        { id: "c1", title: "Clash first", agent: "edit", prompt: write("line from c1\n") },
+        { id: "c2", title: "Clash second", agent: "edit", prompt: write("line from c2\n") },
+      ]);
+      await api(sock, "POST", "/session/start", { featureBranch: "feat-e2e" }); // it stopped by itself once idle
+      for (const id of ["c1", "c2"]) await waitFor(async () => (await api(sock, "GET", `/tasks/${id}`)).status === "review", `${id} to reach review`, 30000);
+      await api(sock, "POST", "/tasks/c1/approve");
+      await waitFor(async () => (await api(sock, "GET", "/tasks/c1")).status === "done", "c1 to be merged", 30000);
+      await api(sock, "POST", "/tasks/c2/approve"); // conflicts with c1 on the feature branch: back to its agent, which resolves it
+      const back = await waitFor(async () => {
+        const t = await api(sock, "GET", "/tasks/c2");
+        return t.status === "review" && (t.mergeConflict ?? []).includes("clash.txt") ? t : undefined;
+      }, "c2 back in review after its merge conflict", 40000);
+      if ((back.conflictUnresolved ?? []).length) throw new Error(`the agent left markers: ${JSON.stringify(back.conflictUnresolved)}`);
+      const row = view.locator('.monaco-list-row[aria-label^="c2: review"]').first();
+      await row.getByText("was a merge conflict in clash.txt, resolved by its agent: check it").waitFor({ timeout: 15000 });
+      await page.locator(".notification-toast", { hasText: "Clash second (c2) is back in review after a merge conflict in clash.txt: its agent resolved it" }).first().waitFor({ timeout: 15000 });
+      const tooltip = page.locator(".monaco-hover, .workbench-hover", { hasText: "gridd told its agent: Merging this task into the feature branch 'feat-e2e' conflicted" }).first();
+      await waitFor(async () => {
+        await page.mouse.move(0, 0);
+        await row.locator(".label-name").hover({ timeout: 2000 });
+        return tooltip.waitFor({ timeout: 4000 }).then(() => true);
+      }, "the row's tooltip to carry gridd's message to the agent", 15000, 200).catch(async (e) => {
+        const hovers = await page.locator(".monaco-hover, .workbench-hover").allInnerTexts().catch(() => []);
+        throw new Error(`${e.message}; hovers shown: ${JSON.stringify(hovers)}`);
+      });
+      await page.screenshot({ path: path.join(out, "conflict-came-back.png") });
+      await page.mouse.move(0, 0);
+      await palette("Gridd: Approve Task", "c2");
+      await choose("c2");
+      const dialog = page.locator(".monaco-dialog-box");
+      await dialog.waitFor({ timeout: 10000 });
+      const text = await dialog.innerText();
+      if (!/c2: its merge conflicted in clash\.txt\. Approve it now\?/.test(text) || !/its agent resolved it: check the resolution in the diff/.test(text)) throw new Error(`dialog: ${text}`);
+      await dialog.getByRole("button", { name: "Cancel", exact: true }).click();
+      await dialog.waitFor({ state: "hidden", timeout: 5000 });
+    });
+
+    await run.step("killing and restarting gridd shows not connected, greys stale items and turns their actions off, then reconnects", async () => {
+      const row = view.locator('.monaco-list-row[aria-label^="ask4: review"]').first();
+      const actions = row.locator(".actions .action-label");
+      await waitFor(async () => {
+        await row.hover({ timeout: 2000 });
+        return (await actions.count()) > 0;
+      }, "ask4's inline actions (Approve, Reject, Diff) while connected", 10000, 300);
+      await page.mouse.move(0, 0);
       await gridd.kill();
       await view.getByText("not connected").first().waitFor({ timeout: 15000 });
+      let stale; // checked while gridd is down; reported after it is restarted, so later steps still run
+      try {
+        // Greyed: its icon takes the disabled colour; not clickable: no inline action left on hover.
+        const greyed = () =>
+          row.locator(".custom-view-tree-node-item-icon").first().evaluate((icon) => {
+            const probe = document.createElement("div");
+            probe.style.color = "var(--vscode-disabledForeground)";
+            (document.querySelector(".monaco-workbench") ?? document.body).appendChild(probe); // where the theme's colours are defined
+            const disabled = getComputedStyle(probe).color;
+            probe.remove();
+            return getComputedStyle(icon).color === disabled;
+          });
+        await waitFor(greyed, "ask4's row to be greyed", 10000).catch(async (e) => {
+          const colour = await row.locator(".custom-view-tree-node-item-icon").first().evaluate((i) => getComputedStyle(i).color).catch(() => "?");
+          throw new Error(`${e.message}; its icon's colour: ${colour}`);
+        });
+        await row.hover();
+        if (await actions.count()) throw new Error(`${await actions.count()} inline actions on a stale row`);
+        await page.screenshot({ path: path.join(out, "stale-items-greyed.png") });
+      } catch (e) {
+        stale = e;
+      }
       await page.locator(".statusbar-item", { hasText: "not connected" }).first().waitFor({ timeout: 5000 });
       await sleep(1000); // stays calm: no error notifications while the daemon is away
       const errors = await page.locator(".notification-toast.error, .notification-toast .codicon-error").count();
@@ -275,6 +354,7 @@ async function runUi(out) {
       await api(sock, "POST", "/tasks", { id: "after", title: "Created after the restart" });
       await view.locator('[aria-label^="after: ready"]').waitFor({ timeout: 20000 });
       await waitFor(async () => !(await view.getByText("not connected").first().isVisible()), "'not connected' to go away", 10000);
+      if (stale) throw stale;
     });
 
     await run.step("a clean daemon stop says stopped, does not retry, and reconnects when started", async () => {
@@ -287,6 +367,14 @@ async function runUi(out) {
       await page.screenshot({ path: path.join(out, "daemon-stopped.png") });
       await gridd.start();
       await waitFor(async () => !(await view.getByText("gridd was stopped").first().isVisible()), "the stopped banner to go", 20000);
+    });
+
+    await run.step("a daemon that speaks another API version gets the version-mismatch banner", async () => {
+      await gridd.stop();
+      await gridd.start({ apiVersion: 2 }); // the real gridd, skewed: its /version says API 2
+      await view.getByText(/version mismatch: gridd \S+ speaks API 2, this extension speaks API 1\. Upgrade the gridd extension/).first().waitFor({ timeout: 20000 });
+      await page.locator(".notification-toast", { hasText: "speaks API 2, this extension speaks API 1" }).first().waitFor({ timeout: 10000 });
+      await page.screenshot({ path: path.join(out, "version-mismatch.png") });
     });
     await run.step("a folder that is not a git repository, or inside one, says what to do", async () => {
       const plain = fs.mkdtempSync(path.join(require("node:os").tmpdir(), "gvplain"));

@@ -99,7 +99,9 @@ class Grid:
         self.worktrees = Worktrees(workspace.root, workspace.worktrees_dir)
         self.questions = QuestionBook(store=store, state=self.state, bus=self.bus)
         #: Starts, signals and reattaches agents: here or in boxes (runs/executors.py).
-        self.executor: Executor = executor or build_executor(workspace, settings)
+        self.executor: Executor = executor or build_executor(
+            workspace, settings, environ=os.environ
+        )
         self.pool = AgentPool(
             workspace=workspace,
             settings=settings,

@@ -155,6 +155,9 @@ class Agent(WireModel):
     # Where the run executes (docs/executors.md): None on this machine; in a box, the
     # engine and the box's name, e.g. {"kind": "podman", "box": "grid-1a2b3c4d-a12"}.
     executor: dict[str, str] | None = None
+    # Why a run in a box ended, when its engine knows and it was not the agent's doing
+    # (docs/executors.md): oom_killed, deadline_exceeded, evicted, node_lost, box_gone.
+    exit_reason: str | None = None
 
 
 class QuestionStatus(StrEnum):

@@ -296,7 +296,7 @@ class AgentProfile(_Section):
         default_factory=SandboxSettings.model_construct,
         description="the kernel-enforced sandbox of its runs (mode off by default)",
     )
-    executor: Literal["local", "podman"] | None = Field(
+    executor: Literal["local", "podman", "kubernetes"] | None = Field(
         default=None, description="where its runs execute; unset: [executors] default"
     )
 
@@ -599,18 +599,74 @@ class PodmanSettings(_Section):
         default_factory=list, description="--volume values (host:box[:ro]); none by default"
     )
     memory: str | None = Field(default=None, description="--memory limit, e.g. '2g'")
+    env: list[str] = Field(
+        default_factory=list,
+        description="names of the daemon's own environment passed to the box (GRID_* and the"
+        " profile's env always are)",
+    )
     look_seconds: float = Field(
         default=0.25, gt=0, le=10, description="how often the mirror looks at each box"
+    )
+
+
+class KubernetesSettings(_Section):
+    """The kubernetes executor: each run in a ``batch/v1`` Job of its own (docs/executors.md)."""
+
+    kubeconfig: str = Field(
+        default="",
+        description="kubeconfig file; empty: $KUBECONFIG, ~/.kube/config, or the in-cluster account",
+    )
+    context: str = Field(default="", description="kubeconfig context; empty: its current one")
+    server: str = Field(
+        default="", description="API server URL used as is, no credentials (kubectl proxy, tests)"
+    )
+    namespace: str = Field(default="default", description="where the Jobs go")
+    image: str = Field(
+        default="", description="the box image (contrib/kubernetes/Dockerfile); required"
+    )
+    service_account: str = Field(
+        default="", description="the pods' service account; empty: the namespace's default"
+    )
+    runtime_class: str = Field(
+        default="", description="runtimeClassName (gVisor, Kata); empty: none"
+    )
+    cpu: str = Field(default="1", description="CPU request and limit of each run, e.g. '500m'")
+    memory: str = Field(default="2Gi", description="memory request and limit of each run")
+    deadline_seconds: int = Field(
+        default=4 * 3600,
+        ge=60,
+        description="activeDeadlineSeconds: the cluster kills a run past it",
+    )
+    ttl_seconds: int = Field(
+        default=3600,
+        ge=0,
+        description="ttlSecondsAfterFinished: a finished Job is removed after it",
+    )
+    secret_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="environment from Secrets, by reference: NAME = 'secret/key'",
+    )
+    env: list[str] = Field(
+        default_factory=list,
+        description="names of the daemon's own environment passed to the box (GRID_* and the"
+        " profile's env always are)",
+    )
+    start_timeout_seconds: float = Field(
+        default=300, gt=0, description="a pod not running within this is given up on"
+    )
+    look_seconds: float = Field(
+        default=0.5, gt=0, le=10, description="how often the mirror looks at each box (one exec)"
     )
 
 
 class ExecutorSettings(_Section):
     """Where runs execute: on this machine or in a box (docs/executors.md)."""
 
-    default: Literal["local", "podman"] = Field(
+    default: Literal["local", "podman", "kubernetes"] = Field(
         default="local", description="for profiles that set no executor"
     )
     podman: PodmanSettings = Field(default_factory=PodmanSettings.model_construct)
+    kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings.model_construct)
 
 
 class Settings(_Section):

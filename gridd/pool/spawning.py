@@ -54,6 +54,11 @@ class SpawnFailed(GriddError):
         self.counted = counted
 
 
+#: The code of an executor's refusal that means "not started yet", not a failure (a
+#: Kubernetes namespace's quota: ``agents/kubernetes.py`` ``QuotaExceeded``).
+NOT_STARTED = "quota_exceeded"
+
+
 def describe(exc: OSError) -> str:
     """An OSError as a person reads it: its type and its message (with the path)."""
     return f"{type(exc).__name__}: {exc}"
@@ -121,6 +126,9 @@ class Spawner:
         else:
             log.exception("starting task %s failed unexpectedly", task_id, exc_info=exc)
             message = f"{type(exc).__name__}: {exc}"
+        if NOT_STARTED in (getattr(exc, "code", None), getattr(exc.__cause__, "code", None)):
+            self._start_refused(task_id, message, agent_id=agent_id, counted=counted)
+            return
         fault = self.ctx.disk.note(exc)
         if fault is None:
             self._start_failed(task_id, message, agent_id=agent_id, counted=counted)
@@ -446,6 +454,30 @@ class Spawner:
                 error=message,
                 backoff_until=until,
             )
+
+    def _start_refused(
+        self, task_id: str, message: str, *, agent_id: str | None, counted: bool
+    ) -> None:
+        """The executor's engine refused the run for now (a namespace's quota is full): it
+        never started, so no attempt is spent; the task waits a backoff and starts again."""
+        task = self.ctx.state.tasks.get(task_id)
+        if task is None:
+            return
+        log.warning("could not start task %s yet: %s", task_id, message)
+        attempts = task.attempts - 1 if counted else task.attempts
+        self._tell_failed(task_id, message, attempts, counted=False, agent_id=agent_id)
+        if task.status != TaskStatus.WORKING:
+            return
+        until = self.ctx.roster.back_off(task_id, max(attempts, 1))
+        move_task(
+            self.ctx.state,
+            task_id,
+            TaskStatus.READY,
+            reason="not started: quota",
+            attempts=attempts,
+            error=message,
+            backoff_until=until,
+        )
 
     def _start_paused(
         self,

@@ -28,9 +28,16 @@ BOXSHIM = Path(__file__).with_name("boxshim.py")
 
 
 class BoxGone(GriddError):
-    """The box is not there (removed, or its node lost)."""
+    """The box is not there (removed, or its node lost). ``details["reason"]``, when the
+    engine can tell why (``ExitStatus.reason``: ``oom_killed``, ``deadline_exceeded``,
+    ``evicted``, ``node_lost``, ``box_gone``), becomes the run's exit record."""
 
     code = "box_gone"
+
+    @property
+    def reason(self) -> str | None:
+        reason = self.details.get("reason")
+        return reason if isinstance(reason, str) else None
 
 
 class BoxError(GriddError):

@@ -116,7 +116,9 @@ def run(root: str) -> int:
                 stderr=subprocess.STDOUT,
             )
         out = os.open(os.path.join(run_dir, "output.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        env = dict(spec["env"])
+        # The box's own environment (its PATH, HOME, the secrets its engine gave it by
+        # reference), then what the daemon says the agent needs.
+        env = {**os.environ, **spec["env"]}
         env["GRID_HEARTBEAT"] = os.path.join(run_dir, "heartbeat.ndjson")
         stdin = subprocess.PIPE if spec.get("stdin", "pipe") == "pipe" else subprocess.DEVNULL
         proc = subprocess.Popen(
@@ -150,11 +152,18 @@ def run(root: str) -> int:
     signal.signal(signal.SIGINT, forward)
     if proc.stdin is not None:
         threading.Thread(target=_pump, args=(inbox, proc), daemon=True).start()
+    kills = _oom_kills()
     status = proc.wait()
     if status < 0:
         record["signal"] = -status
     else:
         record["exitCode"] = status
+    if status == -signal.SIGKILL and kills is not None and (_oom_kills() or 0) > kills:
+        # The kernel's OOM killer, at the box's memory limit: say so, not just "SIGKILL".
+        record["reason"] = "oom_killed"
+        record["error"] = (
+            "out of memory: the box reached its memory limit; the kernel killed the agent"
+        )
     try:
         record.update(_result(root, spec))
     except (OSError, subprocess.CalledProcessError) as exc:
@@ -162,6 +171,27 @@ def run(root: str) -> int:
         record["error"] = f"could not bundle the result: {exc} {why}"
     _write_atomic(exit_path, json.dumps(record).encode())
     return _linger()
+
+
+#: Where the box's cgroup counts its OOM kills (v2, then v1), as the box sees it.
+OOM_EVENTS = (
+    ("/sys/fs/cgroup/memory.events", "oom_kill"),
+    ("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"),
+)
+
+
+def _oom_kills() -> int | None:
+    for path, key in OOM_EVENTS:
+        try:
+            with open(path) as fh:
+                lines = fh.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            name, _, value = line.partition(" ")
+            if name == key and value.strip().isdigit():
+                return int(value)
+    return None
 
 
 def _result(root: str, spec: dict[str, Any]) -> dict[str, str]:

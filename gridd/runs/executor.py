@@ -34,6 +34,10 @@ class ExitStatus:
     exit_code: int | None
     signal: int | None
     error: str | None = None
+    #: Why the run ended, when its box's engine knows and it is not the agent's own doing
+    #: (``Agent.exit_reason``, docs/executors.md): ``oom_killed``, ``deadline_exceeded``,
+    #: ``evicted``, ``node_lost``, ``box_gone``.
+    reason: str | None = None
 
     @property
     def code(self) -> int:

@@ -9,11 +9,13 @@ directory with ``remote.json`` is a box's (``runs/remote.py``), any other is loc
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 from gridd.model import Agent
 from gridd.runs.executor import AgentHandle, Executor, Launch
 from gridd.runs.image import default_cache_dir
+from gridd.runs.kubernetes import KubernetesEngine
 from gridd.runs.local import LocalExecutor
 from gridd.runs.podman import PodmanEngine
 from gridd.runs.remote import REMOTE, RemoteExecutor
@@ -21,9 +23,12 @@ from gridd.settings import Settings
 from gridd.workspace import Workspace
 
 
-def build_executor(workspace: Workspace, settings: Settings) -> RoutedExecutor:
-    """The local shim executor, and the podman one (which does nothing until a run uses it:
-    no podman call, no thread)."""
+def build_executor(
+    workspace: Workspace, settings: Settings, *, environ: Mapping[str, str] | None = None
+) -> RoutedExecutor:
+    """The local shim executor, and the podman and kubernetes ones (which do nothing until
+    a run uses them: no podman call, no cluster client, no thread, lightkube not imported).
+    ``environ``: the daemon's own environment, kept out of boxes."""
     local = LocalExecutor(
         workspace.runs_dir,
         spawn_timeout=settings.scheduler.spawn_timeout_seconds,
@@ -32,14 +37,27 @@ def build_executor(workspace: Workspace, settings: Settings) -> RoutedExecutor:
         landlock_abi=settings.daemon.landlock_abi,
     )
     podman = settings.executors.podman
-    engine = PodmanEngine(podman, cache_dir=default_cache_dir())
-    remote = RemoteExecutor(
-        engine,
-        workspace=workspace.root,
-        spawn_timeout=max(settings.scheduler.spawn_timeout_seconds, 30.0),
-        look_seconds=podman.look_seconds,
-    )
-    return RoutedExecutor(local, {"podman": remote})
+    kubernetes = settings.executors.kubernetes
+    spawn_timeout = max(settings.scheduler.spawn_timeout_seconds, 30.0)
+    remotes = {
+        "podman": RemoteExecutor(
+            PodmanEngine(podman, cache_dir=default_cache_dir()),
+            workspace=workspace.root,
+            spawn_timeout=spawn_timeout,
+            look_seconds=podman.look_seconds,
+            environ=environ,
+            forward_env=podman.env,
+        ),
+        "kubernetes": RemoteExecutor(
+            KubernetesEngine(kubernetes),
+            workspace=workspace.root,
+            spawn_timeout=spawn_timeout,
+            look_seconds=kubernetes.look_seconds,
+            environ=environ,
+            forward_env=kubernetes.env,
+        ),
+    }
+    return RoutedExecutor(local, remotes)
 
 
 class RoutedExecutor:

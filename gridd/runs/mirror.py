@@ -66,6 +66,16 @@ class RunMirror:
             )
         except BoxGone as exc:
             self.running = False
+            if exc.reason is not None:
+                # The engine knows why (out of memory, a deadline, an eviction): that is
+                # the run's exit record, never a success, with what was copied so far.
+                # What the box held beyond it is lost with the box.
+                signum = 9 if exc.reason == "oom_killed" else None
+                self._finish(
+                    {"exitCode": None, "signal": signum, "error": exc.message},
+                    reason=exc.reason,
+                )
+                return True
             self.lost = exc.message
             return True
         except BoxError as exc:
@@ -93,14 +103,15 @@ class RunMirror:
             return True
         return copied > 0
 
-    def _finish(self, box_exit: dict[str, Any]) -> None:
+    def _finish(self, box_exit: dict[str, Any], *, reason: str | None = None) -> None:
         record = {
             "exitCode": box_exit.get("exitCode"),
             "signal": box_exit.get("signal"),
             "error": box_exit.get("error"),
+            "reason": reason or box_exit.get("reason"),
         }
         head = box_exit.get("head")
-        if head and head != self.base and record["error"] is None:
+        if head and head != self.base:  # a failed run's work too: the finisher keeps it
             try:
                 self._fetch_result(head)
             except (OSError, subprocess.CalledProcessError, BoxError) as exc:

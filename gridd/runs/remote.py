@@ -25,6 +25,7 @@ import json
 import logging
 import subprocess
 import threading
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gridd.errors import Conflict, GriddError
@@ -90,7 +91,9 @@ class RemoteHandle:
             data = json.loads(self.mirror.exit_path().read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             return None
-        return ExitStatus(data.get("exitCode"), data.get("signal"), data.get("error"))
+        return ExitStatus(
+            data.get("exitCode"), data.get("signal"), data.get("error"), data.get("reason")
+        )
 
     def alive(self) -> bool:
         self._pick_up()
@@ -151,8 +154,13 @@ class RemoteExecutor:
         spawn_timeout: float = 30.0,
         labels: dict[str, str] | None = None,
         look_seconds: float = LOOK_SECONDS,
+        environ: Mapping[str, str] | None = None,
+        forward_env: Sequence[str] = (),
     ) -> None:
         self.look_seconds = look_seconds
+        #: The daemon's own environment: none of it goes into a box but ``forward_env``.
+        self.environ = dict(environ or {})
+        self.forward_env = frozenset(forward_env)
         self.engine = engine
         self.workspace = workspace
         self.spawn_timeout = spawn_timeout
@@ -268,7 +276,7 @@ class RemoteExecutor:
         ).stdout
         spec = {
             "argv": launch.argv,
-            "env": launch.env,
+            "env": self.box_env(launch.env),
             "stdin": launch.stdin,
             "branch": branch,
             "base": base,
@@ -286,6 +294,17 @@ class RemoteExecutor:
         except BoxError as exc:
             raise RemoteSpawnError(f"could not create box {name}: {exc.message}") from exc
         return self._mirror(launch.run_dir, remote)
+
+    def box_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """What of a launch's environment goes into the box: gridd's ``GRID_*``, what the
+        profile sets, and the names configured to pass (``env``); never the rest of the
+        daemon's own environment (its PATH, HOME, keys: the box has its own, and secrets
+        go by reference)."""
+        return {
+            k: v
+            for k, v in env.items()
+            if k.startswith("GRID_") or k in self.forward_env or self.environ.get(k) != v
+        }
 
     def _mirror(self, run_dir: Path, remote: dict[str, str]) -> RunMirror:
         mirror = RunMirror(

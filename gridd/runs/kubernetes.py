@@ -1,0 +1,479 @@
+"""The kubernetes engine: each run's box is a ``batch/v1`` Job (``agents/boxes.py`` ``Engine``).
+
+Through lightkube (the optional extra ``gridd[kubernetes]``), imported on the first call
+that needs the cluster, so a daemon whose runs are all elsewhere never loads it.
+
+- **The claim** is creating the Job under the run's name: the API server answers 409 when
+  the name is taken, so a run never has two copies. A 403 that names a quota is
+  ``QuotaExceeded``: the run has not started, which is not a failure.
+- **The caps hold without the daemon**: ``activeDeadlineSeconds``, CPU and memory requests
+  equal to their limits, ``ttlSecondsAfterFinished``, ``backoffLimit: 0`` (gridd owns
+  retries), no service-account token in the pod, secrets only by reference, an optional
+  ``runtimeClassName``; labels name the workspace, the task and the run.
+- **Files in**: the pod's main process is a small bootstrap waiting for ``<root>/.ready``.
+  Once the pod runs, one exec writes the in-box shim, the spec and the base bundle (a tar
+  of exactly the size it announces: nothing waits for stdin to close), and the bootstrap
+  becomes the shim (``agents/boxshim.py`` ``run``). A bootstrap given nothing within
+  ``start_timeout_seconds`` exits, so a daemon killed in between leaves no pod waiting.
+- **Everything else is an exec** of the shim's commands in the pod (the exec websocket's
+  ``v5.channel.k8s.io`` protocol: Kubernetes 1.30 or later).
+- **Why a box is gone** is read from the Job and its pod (``exit_reason``): out of memory,
+  past its deadline, evicted, its node lost. ``BoxGone`` carries it, and the mirror writes
+  it into the run's exit record instead of a bare "lost".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import re
+import tarfile
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from gridd.runs.boxes import BOXSHIM, BoxError, BoxGone, BoxInfo
+from gridd.errors import Conflict, GriddError
+from gridd.settings import KubernetesSettings
+
+log = logging.getLogger(__name__)
+
+ROOT = "/grid"
+CONTAINER = "box"
+#: The label on the pod template that finds a box's pod (its Job's name).
+BOX_LABEL = "grid.box"
+#: One exec (a look, an answer, the result bundle) may take at most this long.
+EXEC_TIMEOUT = 120.0
+
+#: The pod's main process until the daemon has put the run in: then it becomes the shim.
+BOOT = """\
+import os, sys, time
+root, limit = sys.argv[1], float(sys.argv[2])
+end = time.monotonic() + limit
+while not os.path.exists(os.path.join(root, ".ready")):
+    if time.monotonic() > end:
+        sys.stderr.write("gridd: the run was never put into this box\\n")
+        sys.exit(3)
+    time.sleep(0.05)
+shim = os.path.join(root, "boxshim.py")
+os.execv(sys.executable, [sys.executable, "-I", "-S", shim, "run", root])
+"""
+
+#: Exactly <size> bytes of a tar from stdin, unpacked into <root>; then <root>/.ready.
+RECEIVE = """\
+import io, os, sys, tarfile
+root, size = sys.argv[1], int(sys.argv[2])
+data = b""
+while len(data) < size:
+    chunk = sys.stdin.buffer.read(size - len(data))
+    if not chunk:
+        break
+    data += chunk
+if len(data) != size:
+    sys.stdout.write("short\\n")
+    sys.exit(1)
+with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(root, filter="data")
+    else:
+        tar.extractall(root)
+open(os.path.join(root, ".ready"), "w").close()
+sys.stdout.write("ok\\n")
+"""
+
+
+class QuotaExceeded(GriddError):
+    """The namespace's ResourceQuota refused the run: it has not started (not a failure)."""
+
+    code = "quota_exceeded"
+    transient = True
+
+
+def k8s_name(box: str) -> str:
+    """A box name as a Kubernetes object name (a DNS-1123 label, at most 63): lowercased,
+    other characters as '-', and a hash of the original when that changed or cut it."""
+    name = re.sub(r"[^a-z0-9-]", "-", box.lower()).strip("-")
+    if name == box and len(name) <= 63:
+        return name
+    digest = hashlib.sha256(box.encode()).hexdigest()[:8]
+    return f"{name[:54].rstrip('-')}-{digest}"
+
+
+def _label_value(value: str) -> str:
+    """Label values: at most 63 of [A-Za-z0-9-_.], alphanumeric at both ends."""
+    clean = re.sub(r"[^A-Za-z0-9._-]", "-", value)
+    if clean == value and len(clean) <= 63:
+        return clean
+    digest = hashlib.sha256(value.encode()).hexdigest()[:8]
+    return f"{clean[:54].strip('-_.')}-{digest}"
+
+
+def job_manifest(
+    settings: KubernetesSettings,
+    *,
+    box: str,
+    labels: Mapping[str, str],
+) -> dict[str, Any]:
+    """The Job of one run (PURE): every cap of docs/executors.md, nothing from the daemon's
+    environment (secrets go by reference)."""
+    name = k8s_name(box)
+    all_labels = {k: _label_value(v) for k, v in labels.items()} | {BOX_LABEL: name}
+    resources = {"cpu": settings.cpu, "memory": settings.memory}
+    env = [
+        {"name": var, "valueFrom": {"secretKeyRef": {"name": ref[0], "key": ref[1]}}}
+        for var, ref in sorted(
+            (var, tuple(where.split("/", 1))) for var, where in settings.secret_env.items()
+        )
+    ]
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": settings.image,
+        "command": [
+            "python3",
+            "-I",
+            "-S",
+            "-c",
+            BOOT,
+            ROOT,
+            str(int(settings.start_timeout_seconds)),
+        ],
+        "resources": {"requests": resources, "limits": resources},
+        "volumeMounts": [{"name": "grid", "mountPath": ROOT}],
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
+    if env:
+        container["env"] = env
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "containers": [container],
+        "volumes": [{"name": "grid", "emptyDir": {}}],
+    }
+    if settings.service_account:
+        pod["serviceAccountName"] = settings.service_account
+    if settings.runtime_class:
+        pod["runtimeClassName"] = settings.runtime_class
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": settings.namespace,
+            "labels": all_labels,
+            "annotations": {"grid.box": box},
+        },
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": settings.deadline_seconds,
+            "ttlSecondsAfterFinished": settings.ttl_seconds,
+            "template": {"metadata": {"labels": all_labels}, "spec": pod},
+        },
+    }
+
+
+def exit_reason(job: Mapping[str, Any] | None, pods: list[Mapping[str, Any]]) -> tuple[str, str]:
+    """Why a box stopped without its shim's exit record (PURE): (reason, what to say).
+    Reasons: ``oom_killed``, ``deadline_exceeded``, ``evicted``, ``node_lost``,
+    ``box_gone`` (the Job or its pod deleted by someone else, or nothing known)."""
+    for pod in pods:
+        name = (pod.get("metadata") or {}).get("name", "?")
+        status = pod.get("status") or {}
+        for container in status.get("containerStatuses") or []:
+            state = container.get("state") or {}
+            ended = state.get("terminated") or (container.get("lastState") or {}).get("terminated")
+            if ended and ended.get("reason") == "OOMKilled":
+                return (
+                    "oom_killed",
+                    f"out of memory: pod {name} reached its memory limit and was killed (OOMKilled)",
+                )
+        if status.get("reason") == "Evicted":
+            why = status.get("message") or "evicted by its node"
+            return "evicted", f"evicted: pod {name}: {why}"
+        for cond in status.get("conditions") or []:
+            if cond.get("type") != "DisruptionTarget" or cond.get("status") != "True":
+                continue
+            why = cond.get("message") or cond.get("reason") or ""
+            if cond.get("reason") in ("DeletionByTaintManager", "PodGC"):
+                return "node_lost", f"node lost: pod {name}: {why}"
+            return "evicted", f"evicted: pod {name}: {why}"
+    conditions = ((job or {}).get("status") or {}).get("conditions") or []
+    for cond in conditions:
+        if cond.get("type") == "Failed" and cond.get("reason") == "DeadlineExceeded":
+            return (
+                "deadline_exceeded",
+                f"deadline exceeded: the Job ran past its activeDeadlineSeconds"
+                f" ({(job or {}).get('spec', {}).get('activeDeadlineSeconds')}s)",
+            )
+    if job is None:
+        return "box_gone", "the run's Job is gone (deleted outside gridd)"
+    if not pods:
+        return "box_gone", "the run's pod is gone (deleted outside gridd, or its node lost)"
+    return "box_gone", "the run's pod stopped without an exit record"
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    now = time.time()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for rel, data in files.items():
+            info = tarfile.TarInfo(rel)
+            # The spec may carry the profile's keys: the run's user only.
+            info.size, info.mode, info.mtime = len(data), 0o600, now
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+class KubernetesEngine:
+    kind = "kubernetes"
+    root = ROOT
+
+    def __init__(self, settings: KubernetesSettings, *, client: Any = None) -> None:
+        self.settings = settings
+        self._client = client
+        self._client_lock = threading.Lock()
+        self._pods: dict[str, str] = {}  # box -> its pod's name, once known
+        #: API requests made, by verb (the benchmark's count).
+        self.requests: dict[str, int] = {}
+
+    # -- the client ---------------------------------------------------------------------
+
+    def client(self) -> Any:
+        with self._client_lock:
+            if self._client is None:
+                self._client = _connect(self.settings)
+            return self._client
+
+    def _count(self, verb: str) -> None:
+        self.requests[verb] = self.requests.get(verb, 0) + 1
+
+    # -- the engine ---------------------------------------------------------------------
+
+    def create(self, name: str, *, labels: dict[str, str], files: dict[str, bytes]) -> None:
+        from lightkube import ApiError, codecs
+
+        if not self.settings.image:
+            raise GriddError(
+                "the kubernetes executor needs an image: set [executors.kubernetes] image"
+                " (build one from contrib/kubernetes/Dockerfile)",
+                code="config_invalid",
+            )
+        manifest = job_manifest(self.settings, box=name, labels=labels)
+        try:
+            self._count("create")
+            self.client().create(codecs.from_dict(manifest), namespace=self.settings.namespace)
+        except ApiError as exc:
+            raise _create_error(exc, name) from None
+        except Exception as exc:  # the cluster unreachable: nothing was created
+            raise BoxError(f"could not create the Job of box {name}: {exc}") from exc
+        try:
+            self._wait_running(name)
+            files = {"boxshim.py": BOXSHIM.read_bytes(), **files}
+            data = _tar(files)
+            answer = self._exec_raw(
+                name, ["python3", "-I", "-S", "-c", RECEIVE, ROOT, str(len(data))], stdin=data
+            )
+            if answer.strip() != b"ok":
+                raise BoxError(f"box {name}: the run was not taken in ({answer[-200:]!r})")
+        except GriddError:
+            self.remove(name)
+            raise
+
+    def _wait_running(self, name: str) -> str:
+        """The box's pod, once it runs (the scheduler placed it and the image is pulled)."""
+        deadline = time.monotonic() + self.settings.start_timeout_seconds
+        while True:
+            pod = self._find_pod(name)
+            phase = ((pod or {}).get("status") or {}).get("phase")
+            if phase == "Running":
+                return str(pod["metadata"]["name"])  # type: ignore[index]
+            if phase in ("Succeeded", "Failed"):
+                raise self._gone(name)
+            if time.monotonic() > deadline:
+                raise BoxError(
+                    f"the pod of box {name} did not run within"
+                    f" {self.settings.start_timeout_seconds:g}s ({phase or 'no pod yet'})"
+                )
+            time.sleep(0.25)
+
+    def _find_pod(self, name: str) -> dict[str, Any] | None:
+        from lightkube.resources.core_v1 import Pod
+
+        self._count("list")
+        selector = {BOX_LABEL: k8s_name(name)}
+        pods = [
+            _as_dict(pod)
+            for pod in self.client().list(Pod, namespace=self.settings.namespace, labels=selector)
+        ]
+        # The selector is the server's to apply; a test double may not: checked here too.
+        pods = [
+            p
+            for p in pods
+            if (p.get("metadata") or {}).get("labels", {}).get(BOX_LABEL) == k8s_name(name)
+        ]
+        if not pods:
+            return None
+        self._pods[name] = pods[0]["metadata"]["name"]
+        return pods[0]
+
+    def exec(self, name: str, args: list[str], *, stdin: bytes = b"") -> bytes:
+        shim = ["python3", "-I", "-S", f"{ROOT}/boxshim.py", args[0], ROOT, *args[1:]]
+        return self._exec_raw(name, shim, stdin=stdin)
+
+    def _exec_raw(self, name: str, command: list[str], *, stdin: bytes) -> bytes:
+        from lightkube import ApiError
+
+        pod = self._pods.get(name)
+        if pod is None:
+            found = self._find_pod(name)
+            if found is None:
+                raise self._gone(name)
+            pod = str(found["metadata"]["name"])
+        try:
+            self._count("exec")
+            done = self.client().exec(
+                pod,
+                namespace=self.settings.namespace,
+                container=CONTAINER,
+                command=command,
+                stdin=stdin or None,
+                stdout=True,
+                stderr=True,
+                decode=None,
+                timeout=EXEC_TIMEOUT,
+            )
+        except ApiError as exc:
+            code = getattr(exc.status, "code", None)
+            if code in (404, 400) or "not found" in str(exc).lower():
+                raise self._gone(name) from None
+            raise BoxError(f"box {name}: exec failed: {exc}", details={"box": name}) from None
+        except Exception as exc:
+            # The upgrade refused (the pod stopped, or the server is older), or the
+            # connection broke: gone when the pod says so, else worth another try.
+            if self._stopped(name):
+                raise self._gone(name) from None
+            raise BoxError(f"box {name}: exec failed: {exc!r}", details={"box": name}) from exc
+        if done.exit_code != 0:
+            err = (done.stderr or b"").decode(errors="replace")[-500:]
+            raise BoxError(
+                f"box {name}: {command[4] if len(command) > 4 else command[0]} failed"
+                f" ({done.exit_code}): {err}",
+                details={"box": name},
+            )
+        return bytes(done.stdout or b"")
+
+    def _stopped(self, name: str) -> bool:
+        pod = self._find_pod(name)
+        phase = ((pod or {}).get("status") or {}).get("phase")
+        return pod is None or phase in ("Succeeded", "Failed")
+
+    def _job(self, name: str) -> dict[str, Any] | None:
+        from lightkube import ApiError
+        from lightkube.resources.batch_v1 import Job
+
+        try:
+            self._count("get")
+            return _as_dict(
+                self.client().get(Job, k8s_name(name), namespace=self.settings.namespace)
+            )
+        except ApiError as exc:
+            if getattr(exc.status, "code", None) == 404:
+                return None
+            raise BoxError(f"could not read the Job of box {name}: {exc}") from None
+
+    def _gone(self, name: str) -> BoxGone:
+        """The box stopped or went: why, from its Job and its pod."""
+        try:
+            job = self._job(name)
+            pod = self._find_pod(name)
+        except Exception as exc:  # the reason is a courtesy: gone is gone
+            log.warning("could not tell why box %s is gone: %s", name, exc)
+            job, pod = None, None
+        reason, message = exit_reason(job, [pod] if pod else [])
+        return BoxGone(message, details={"box": name, "reason": reason})
+
+    def find(self, labels: dict[str, str]) -> list[BoxInfo]:
+        from lightkube.resources.batch_v1 import Job
+
+        self._count("list")
+        wanted = {k: _label_value(v) for k, v in labels.items()}
+        found = []
+        for item in self.client().list(Job, namespace=self.settings.namespace, labels=wanted):
+            job = _as_dict(item)
+            have = (job.get("metadata") or {}).get("labels") or {}
+            if all(have.get(k) == v for k, v in wanted.items()):
+                found.append(_info(job))
+        return found
+
+    def info(self, name: str) -> BoxInfo | None:
+        job = self._job(name)
+        return None if job is None else _info(job)
+
+    def remove(self, name: str) -> None:
+        """Delete the Job and, through the garbage collector, its pod (Background)."""
+        from lightkube import ApiError
+        from lightkube.resources.batch_v1 import Job
+        from lightkube.types import CascadeType
+
+        self._pods.pop(name, None)
+        try:
+            self._count("delete")
+            self.client().delete(
+                Job,
+                k8s_name(name),
+                namespace=self.settings.namespace,
+                grace_period=0,
+                cascade=CascadeType.BACKGROUND,
+            )
+        except ApiError as exc:
+            if getattr(exc.status, "code", None) != 404:
+                raise BoxError(f"could not delete the Job of box {name}: {exc}") from None
+
+
+def _info(job: Mapping[str, Any]) -> BoxInfo:
+    meta = job.get("metadata") or {}
+    conditions = (job.get("status") or {}).get("conditions") or []
+    finished = any(
+        c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions
+    )
+    box = (meta.get("annotations") or {}).get("grid.box") or meta.get("name", "")
+    return BoxInfo(box, not finished, dict(meta.get("labels") or {}))
+
+
+def _create_error(exc: Any, name: str) -> GriddError:
+    status = exc.status
+    code = getattr(status, "code", None)
+    message = getattr(status, "message", None) or str(exc)
+    if code == 409:
+        return Conflict(f"the Job of box {name} exists", code="box_exists")
+    if code == 403 and "quota" in message.lower():
+        return QuotaExceeded(
+            f"the namespace's quota refused the run (not started): {message}",
+            details={"box": name},
+        )
+    return BoxError(f"could not create the Job of box {name}: {message}", details={"box": name})
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    return obj if isinstance(obj, dict) else dict(obj.to_dict())
+
+
+def _connect(settings: KubernetesSettings) -> Any:
+    try:
+        from lightkube import Client, KubeConfig
+    except ImportError as exc:
+        raise GriddError(
+            "the kubernetes executor needs lightkube: pip install 'gridd[kubernetes]'",
+            code="config_invalid",
+        ) from exc
+    if settings.server:
+        config = KubeConfig.from_server(settings.server, namespace=settings.namespace)
+    elif settings.kubeconfig:
+        config = KubeConfig.from_file(settings.kubeconfig)
+    else:
+        config = KubeConfig.from_env()
+    if settings.context:
+        return Client(config.get(context_name=settings.context), namespace=settings.namespace)
+    return Client(config, namespace=settings.namespace)

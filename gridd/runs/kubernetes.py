@@ -252,7 +252,7 @@ class KubernetesEngine:
     # -- the engine ---------------------------------------------------------------------
 
     def create(self, name: str, *, labels: dict[str, str], files: dict[str, bytes]) -> None:
-        from lightkube import ApiError, codecs
+        from lightkube import codecs
 
         if not self.settings.image:
             raise GriddError(
@@ -264,10 +264,11 @@ class KubernetesEngine:
         try:
             self._count("create")
             self.client().create(codecs.from_dict(manifest), namespace=self.settings.namespace)
-        except ApiError as exc:
-            raise _create_error(exc, name) from None
-        except Exception as exc:  # the cluster unreachable: nothing was created
-            raise BoxError(f"could not create the Job of box {name}: {exc}") from exc
+        except Exception as exc:
+            refusal = api_status(exc)
+            if refusal is None:  # the cluster unreachable: nothing was created
+                raise BoxError(f"could not create the Job of box {name}: {exc!r}") from exc
+            raise _create_error(*refusal, name) from None
         try:
             self._wait_running(name)
             files = {"boxshim.py": BOXSHIM.read_bytes(), **files}
@@ -298,21 +299,30 @@ class KubernetesEngine:
                 )
             time.sleep(0.25)
 
-    def _find_pod(self, name: str) -> dict[str, Any] | None:
-        from lightkube.resources.core_v1 import Pod
+    def _list(self, kind: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """Objects of ``kind`` (``Pod``, ``Job``) carrying ``labels``, found by the server's
+        label selector. ``BoxError`` when the API cannot be reached."""
+        from lightkube.resources import batch_v1, core_v1
 
+        resource = core_v1.Pod if kind == "Pod" else batch_v1.Job
         self._count("list")
-        selector = {BOX_LABEL: k8s_name(name)}
-        pods = [
-            _as_dict(pod)
-            for pod in self.client().list(Pod, namespace=self.settings.namespace, labels=selector)
-        ]
+        try:
+            items = self.client().list(resource, namespace=self.settings.namespace, labels=labels)
+            found = [_as_dict(item) for item in items]
+        except Exception as exc:
+            raise BoxError(f"could not list {kind}s: {exc!r}") from exc
         # The selector is the server's to apply; a test double may not: checked here too.
-        pods = [
-            p
-            for p in pods
-            if (p.get("metadata") or {}).get("labels", {}).get(BOX_LABEL) == k8s_name(name)
+        return [
+            obj
+            for obj in found
+            if all(
+                ((obj.get("metadata") or {}).get("labels") or {}).get(k) == v
+                for k, v in labels.items()
+            )
         ]
+
+    def _find_pod(self, name: str) -> dict[str, Any] | None:
+        pods = self._list("Pod", {BOX_LABEL: k8s_name(name)})
         if not pods:
             return None
         self._pods[name] = pods[0]["metadata"]["name"]
@@ -323,8 +333,6 @@ class KubernetesEngine:
         return self._exec_raw(name, shim, stdin=stdin)
 
     def _exec_raw(self, name: str, command: list[str], *, stdin: bytes) -> bytes:
-        from lightkube import ApiError
-
         pod = self._pods.get(name)
         if pod is None:
             found = self._find_pod(name)
@@ -344,14 +352,16 @@ class KubernetesEngine:
                 decode=None,
                 timeout=EXEC_TIMEOUT,
             )
-        except ApiError as exc:
-            code = getattr(exc.status, "code", None)
-            if code in (404, 400) or "not found" in str(exc).lower():
-                raise self._gone(name) from None
-            raise BoxError(f"box {name}: exec failed: {exc}", details={"box": name}) from None
         except Exception as exc:
-            # The upgrade refused (the pod stopped, or the server is older), or the
-            # connection broke: gone when the pod says so, else worth another try.
+            if "supports writing to stdin" in str(exc):
+                raise GriddError(
+                    "the API server's exec speaks only v4.channel.k8s.io; gridd's run"
+                    " protocol needs v5.channel.k8s.io (Kubernetes 1.30 or later)",
+                    code="exec_protocol",
+                    details={"box": name},
+                ) from None
+            # Refused (the pod is not there or does not run), or the connection broke:
+            # gone when the pod says so, else worth another try at the next look.
             if self._stopped(name):
                 raise self._gone(name) from None
             raise BoxError(f"box {name}: exec failed: {exc!r}", details={"box": name}) from exc
@@ -365,23 +375,25 @@ class KubernetesEngine:
         return bytes(done.stdout or b"")
 
     def _stopped(self, name: str) -> bool:
-        pod = self._find_pod(name)
+        try:
+            pod = self._find_pod(name)
+        except BoxError:
+            return False  # cannot tell: not gone
         phase = ((pod or {}).get("status") or {}).get("phase")
         return pod is None or phase in ("Succeeded", "Failed")
 
     def _job(self, name: str) -> dict[str, Any] | None:
-        from lightkube import ApiError
         from lightkube.resources.batch_v1 import Job
 
         try:
             self._count("get")
-            return _as_dict(
-                self.client().get(Job, k8s_name(name), namespace=self.settings.namespace)
-            )
-        except ApiError as exc:
-            if getattr(exc.status, "code", None) == 404:
+            job = self.client().get(Job, k8s_name(name), namespace=self.settings.namespace)
+            return _as_dict(job)
+        except Exception as exc:
+            answer = api_status(exc)
+            if answer is not None and answer[0] == 404:
                 return None
-            raise BoxError(f"could not read the Job of box {name}: {exc}") from None
+            raise BoxError(f"could not read the Job of box {name}: {exc!r}") from None
 
     def _gone(self, name: str) -> BoxGone:
         """The box stopped or went: why, from its Job and its pod."""
@@ -395,17 +407,8 @@ class KubernetesEngine:
         return BoxGone(message, details={"box": name, "reason": reason})
 
     def find(self, labels: dict[str, str]) -> list[BoxInfo]:
-        from lightkube.resources.batch_v1 import Job
-
-        self._count("list")
         wanted = {k: _label_value(v) for k, v in labels.items()}
-        found = []
-        for item in self.client().list(Job, namespace=self.settings.namespace, labels=wanted):
-            job = _as_dict(item)
-            have = (job.get("metadata") or {}).get("labels") or {}
-            if all(have.get(k) == v for k, v in wanted.items()):
-                found.append(_info(job))
-        return found
+        return [_info(job) for job in self._list("Job", wanted)]
 
     def info(self, name: str) -> BoxInfo | None:
         job = self._job(name)
@@ -413,7 +416,6 @@ class KubernetesEngine:
 
     def remove(self, name: str) -> None:
         """Delete the Job and, through the garbage collector, its pod (Background)."""
-        from lightkube import ApiError
         from lightkube.resources.batch_v1 import Job
         from lightkube.types import CascadeType
 
@@ -427,9 +429,10 @@ class KubernetesEngine:
                 grace_period=0,
                 cascade=CascadeType.BACKGROUND,
             )
-        except ApiError as exc:
-            if getattr(exc.status, "code", None) != 404:
-                raise BoxError(f"could not delete the Job of box {name}: {exc}") from None
+        except Exception as exc:
+            answer = api_status(exc)
+            if answer is None or answer[0] != 404:
+                raise BoxError(f"could not delete the Job of box {name}: {exc!r}") from None
 
 
 def _info(job: Mapping[str, Any]) -> BoxInfo:
@@ -442,10 +445,26 @@ def _info(job: Mapping[str, Any]) -> BoxInfo:
     return BoxInfo(box, not finished, dict(meta.get("labels") or {}))
 
 
-def _create_error(exc: Any, name: str) -> GriddError:
-    status = exc.status
+def api_status(exc: BaseException) -> tuple[int, str] | None:
+    """The API server's answer in ``exc`` (its HTTP status and the Status's message), or
+    None when none came (the connection failed). lightkube raises ``ApiError`` for a JSON
+    Status and the plain HTTP error otherwise: both are read here."""
+    status = getattr(exc, "status", None)
     code = getattr(status, "code", None)
-    message = getattr(status, "message", None) or str(exc)
+    if isinstance(code, int):
+        return code, str(getattr(status, "message", None) or exc)
+    response = getattr(exc, "response", None)
+    code = getattr(response, "status_code", None)
+    if not isinstance(code, int):
+        return None
+    try:
+        message = str(response.json().get("message") or "")  # type: ignore[union-attr]
+    except Exception:
+        message = ""
+    return code, message or str(exc)
+
+
+def _create_error(code: int, message: str, name: str) -> GriddError:
     if code == 409:
         return Conflict(f"the Job of box {name} exists", code="box_exists")
     if code == 403 and "quota" in message.lower():
@@ -463,13 +482,16 @@ def _as_dict(obj: Any) -> dict[str, Any]:
 def _connect(settings: KubernetesSettings) -> Any:
     try:
         from lightkube import Client, KubeConfig
+        from lightkube.config.models import Cluster, User
     except ImportError as exc:
         raise GriddError(
             "the kubernetes executor needs lightkube: pip install 'gridd[kubernetes]'",
             code="config_invalid",
         ) from exc
-    if settings.server:
-        config = KubeConfig.from_server(settings.server, namespace=settings.namespace)
+    if settings.server:  # as is, no credentials: kubectl proxy, a test's stand-in
+        config = KubeConfig.from_one(
+            cluster=Cluster(server=settings.server), user=User(), namespace=settings.namespace
+        )
     elif settings.kubeconfig:
         config = KubeConfig.from_file(settings.kubeconfig)
     else:

@@ -1,0 +1,450 @@
+"""The kubernetes executor against a stand-in cluster: kmock as the API server, with a
+stand-in kubelet, garbage collector and exec websocket (``tests/kube_standin.py``), the
+real lightkube client and the real in-box shim in each pod's directory.
+
+What this proves: the Job (every cap), the claim (409), the run protocol over the exec
+websocket (files in, looks, answers, signals, the result bundle out), reattach by label
+after a restart, cancel and its propagation, the exit reasons read from the Job and its pod,
+and a quota's 403 as "not started". What it cannot: a real scheduler, kubelet or cgroup
+(an OOM kill, an eviction, a deadline are set on the objects as the cluster would set them),
+and a real API server's exec (the stand-in speaks the same channel protocol)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gridd.agents.boxes import BoxGone
+from gridd.agents.kubernetes import KubernetesEngine, exit_reason, job_manifest, k8s_name
+from gridd.agents.remote import RemoteExecutor
+from gridd.errors import Conflict, GriddError
+from gridd.grid import Grid
+from gridd.model import TaskStatus
+from gridd.settings import KubernetesSettings
+from gridd.specs import PlanSpec, SessionStart, normalise_plan
+from tests.helpers import agent_command, git_show, inprocess_daemon, kill_workspace_agents
+from tests.kube_standin import FakeCluster
+
+pytestmark = [pytest.mark.xdist_group("kubernetes")]
+
+
+async def until(predicate: Callable[[], object], *, timeout: float = 30.0, what: str = "") -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[FakeCluster]:
+    with FakeCluster(tmp_path / "nodes") as fake:
+        yield fake
+
+
+def k8s_settings(cluster: FakeCluster, **changes: Any) -> KubernetesSettings:
+    values: dict[str, Any] = {
+        "server": cluster.url,
+        "namespace": "grid",
+        "image": "registry.example/gridd-box:1",
+        "look_seconds": 0.1,
+        "start_timeout_seconds": 30,
+    }
+    return KubernetesSettings(**(values | changes))
+
+
+def executor(repo: Path, cluster: FakeCluster, **changes: Any) -> RemoteExecutor:
+    settings = k8s_settings(cluster, **changes)
+    return RemoteExecutor(
+        KubernetesEngine(settings),
+        workspace=repo,
+        look_seconds=settings.look_seconds,
+        environ=os.environ,
+    )
+
+
+def config(**agents: list[str]) -> dict[str, object]:
+    return {
+        "scheduler": {
+            "default_agent": next(iter(agents)),
+            "tick_seconds": 0.25,
+            "backoff_seconds": 0.5,
+            "max_attempts": 2,
+        },
+        "agents": {name: {"command": argv} for name, argv in agents.items()},
+        "executors": {"default": "kubernetes"},
+    }
+
+
+def start_tasks(grid: Grid, *tasks: dict[str, str]) -> None:
+    grid.commands.create_tasks(
+        PlanSpec.model_validate(normalise_plan({"tasks": list(tasks)})).tasks
+    )
+    grid.commands.start_session(SessionStart.model_validate({"maxAgents": 2}))
+
+
+def events(grid: Grid, kind: str) -> list[dict[str, Any]]:
+    return [e.data for e in grid.state.store.events_after(0, types=[kind])]
+
+
+# -- the Job ------------------------------------------------------------------------------
+
+
+def test_the_job_carries_every_cap_and_secrets_only_by_reference() -> None:
+    settings = KubernetesSettings(
+        namespace="agents",
+        image="registry.example/gridd-box:1",
+        service_account="gridd-runner",
+        runtime_class="gvisor",
+        cpu="500m",
+        memory="1Gi",
+        deadline_seconds=7200,
+        ttl_seconds=600,
+        secret_env={"ANTHROPIC_API_KEY": "anthropic/api-key"},
+    )
+    job = job_manifest(
+        settings,
+        box="grid-1a2b3c4d-claude-7",
+        labels={"grid.workspace": "ab12", "grid.task": "fix login", "grid.run": "claude-7"},
+    )
+    spec = job["spec"]
+    assert job["metadata"]["name"] == "grid-1a2b3c4d-claude-7"
+    assert job["metadata"]["namespace"] == "agents"
+    assert spec["backoffLimit"] == 0  # gridd owns retries
+    assert spec["activeDeadlineSeconds"] == 7200
+    assert spec["ttlSecondsAfterFinished"] == 600
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert pod["automountServiceAccountToken"] is False  # no API token in the box
+    assert pod["serviceAccountName"] == "gridd-runner"
+    assert pod["runtimeClassName"] == "gvisor"
+    [box] = pod["containers"]
+    assert box["resources"] == {
+        "requests": {"cpu": "500m", "memory": "1Gi"},
+        "limits": {"cpu": "500m", "memory": "1Gi"},
+    }
+    assert box["env"] == [
+        {
+            "name": "ANTHROPIC_API_KEY",
+            "valueFrom": {"secretKeyRef": {"name": "anthropic", "key": "api-key"}},
+        }
+    ]
+    labels = spec["template"]["metadata"]["labels"]
+    assert labels["grid.workspace"] == "ab12" and labels["grid.run"] == "claude-7"
+    assert labels["grid.task"].startswith("fix-login-")  # a label value, made valid
+    assert labels["grid.box"] == job["metadata"]["name"]
+
+
+def test_box_names_become_valid_object_names_without_collisions() -> None:
+    assert k8s_name("grid-1a2b3c4d-claude-7") == "grid-1a2b3c4d-claude-7"
+    odd = k8s_name("grid-1a2b3c4d-My_Profile-7")
+    assert odd.startswith("grid-1a2b3c4d-my-profile-7-") and len(odd) <= 63
+    assert odd != k8s_name("grid-1a2b3c4d-my-profile-7")
+    assert len(k8s_name("grid-1a2b3c4d-" + "x" * 80)) <= 63
+
+
+@pytest.mark.parametrize(
+    ("job", "pods", "reason"),
+    [
+        (
+            {"status": {}},
+            [
+                {
+                    "metadata": {"name": "p"},
+                    "status": {
+                        "phase": "Failed",
+                        "containerStatuses": [
+                            {"state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}
+                        ],
+                    },
+                }
+            ],
+            "oom_killed",
+        ),
+        (
+            {"status": {"conditions": [{"type": "Failed", "reason": "DeadlineExceeded"}]}},
+            [],
+            "deadline_exceeded",
+        ),
+        (
+            {"status": {}},
+            [{"metadata": {"name": "p"}, "status": {"phase": "Failed", "reason": "Evicted"}}],
+            "evicted",
+        ),
+        (
+            {"status": {}},
+            [
+                {
+                    "metadata": {"name": "p"},
+                    "status": {
+                        "conditions": [
+                            {
+                                "type": "DisruptionTarget",
+                                "status": "True",
+                                "reason": "DeletionByTaintManager",
+                            }
+                        ]
+                    },
+                }
+            ],
+            "node_lost",
+        ),
+        (None, [], "box_gone"),
+    ],
+)
+def test_why_a_box_stopped_is_read_from_its_job_and_pod(
+    job: dict[str, Any] | None, pods: list[dict[str, Any]], reason: str
+) -> None:
+    assert exit_reason(job, pods)[0] == reason
+
+
+# -- the engine against the API ------------------------------------------------------------
+
+
+def test_creating_a_taken_name_is_refused_so_a_run_never_has_two_copies(
+    cluster: FakeCluster,
+) -> None:
+    engine = KubernetesEngine(k8s_settings(cluster))
+    labels = {"grid.workspace": "ab12", "grid.run": "r-1"}
+    files = {"spec.json": b"{}"}
+    # The bootstrap is given its files: a spec that cannot start fails the run in the
+    # box, but the claim is what is looked at here.
+    engine.create("grid-ab12-r-1", labels=labels, files=files)
+    with pytest.raises(Conflict) as refused:
+        engine.create("grid-ab12-r-1", labels=labels, files=files)
+    assert refused.value.code == "box_exists"
+    assert list(cluster.jobs()) == ["grid-ab12-r-1"]
+    assert [b.name for b in engine.find({"grid.workspace": "ab12"})] == ["grid-ab12-r-1"]
+    posts = [r for r in cluster.requests() if r[0] == "POST" and r[1].endswith("/jobs")]
+    assert len(posts) == 2  # the second create reached the API server, which refused it
+    engine.remove("grid-ab12-r-1")
+
+
+def test_a_quota_denial_on_create_is_its_own_error(cluster: FakeCluster) -> None:
+    engine = KubernetesEngine(k8s_settings(cluster))
+    cluster.refuse_next_create(
+        403,
+        "Forbidden",
+        'jobs.batch "grid-ab12-r-2" is forbidden: exceeded quota: grid-quota,'
+        " requested: count/jobs.batch=1, used: count/jobs.batch=4, limited: count/jobs.batch=4",
+    )
+    with pytest.raises(GriddError) as refused:
+        engine.create("grid-ab12-r-2", labels={"grid.run": "r-2"}, files={})
+    assert refused.value.code == "quota_exceeded"
+    assert "exceeded quota" in refused.value.message
+    assert cluster.jobs() == {}
+
+
+def test_an_exec_server_without_the_v5_protocol_is_refused_with_what_to_do(
+    cluster: FakeCluster,
+) -> None:
+    cluster.only_v4()
+    engine = KubernetesEngine(k8s_settings(cluster))
+    with pytest.raises(GriddError) as refused:
+        engine.create("grid-ab12-r-3", labels={"grid.run": "r-3"}, files={})
+    assert "v5.channel.k8s.io" in refused.value.message
+    assert cluster.jobs() == {}  # the Job given up on is deleted
+
+
+# -- whole runs ------------------------------------------------------------------------------
+
+
+async def test_a_kubernetes_run_takes_answers_and_its_branch_comes_back(
+    repo: Path, cluster: FakeCluster
+) -> None:
+    try:
+        async with inprocess_daemon(
+            repo, config(reader=agent_command("read_line.py")), executor=executor(repo, cluster)
+        ) as daemon:
+            grid: Grid = daemon.grid
+            start_tasks(grid, {"id": "raw", "title": "read a line"})
+            await until(
+                lambda: any(
+                    a.last_output == "ready for a line" for a in grid.state.agents.values()
+                ),
+                what="the pod's agent's first line, mirrored",
+            )
+            [agent] = grid.state.agents.values()
+            assert agent.executor is not None and agent.executor["kind"] == "kubernetes"
+            [job] = cluster.jobs().values()
+            assert job["metadata"]["labels"]["grid.run"] == agent.id
+            assert job["metadata"]["labels"]["grid.task"] == "raw"
+            [pod] = cluster.pods().values()
+            spec_file = cluster.base / pod["metadata"]["name"] / "spec.json"
+            assert spec_file.stat().st_mode & 0o077 == 0  # the run's user only
+            spec = json.loads(spec_file.read_text())
+            assert "PATH" not in spec["env"]  # none of the daemon's own environment
+            assert spec["env"]["GRID_TASK_ID"] == "raw"
+            grid.commands.respond(agent.id, "through the websocket")
+            await until(lambda: grid.state.tasks["raw"].status == TaskStatus.REVIEW, what="review")
+            assert git_show(repo, "grid/raw:answer.txt") == "through the websocket\n"
+            run_dir = Path(agent.run_dir)
+            assert (run_dir / "output.log").read_text() == "ready for a line\ngot a line\n"
+            await until(lambda: cluster.jobs() == {}, what="the Job deleted")
+            await until(lambda: cluster.pods() == {}, what="its pod collected with it")
+    finally:
+        kill_workspace_agents(repo)
+
+
+async def test_a_restarted_daemon_finds_the_pod_by_label_and_its_output_stays_contiguous(
+    repo: Path, tmp_path: Path, cluster: FakeCluster
+) -> None:
+    control = tmp_path / "control"
+    control.mkdir()
+    cfg = config(lines=agent_command("lines.py", str(control), "300"))
+    try:
+        async with inprocess_daemon(repo, cfg, executor=executor(repo, cluster)) as daemon:
+            grid: Grid = daemon.grid
+            start_tasks(grid, {"id": "burst", "title": "many lines"})
+            await until(
+                lambda: any(a.last_output == "burst ready" for a in grid.state.agents.values()),
+                what="the agent ready",
+            )
+            [agent] = grid.state.agents.values()
+        # The daemon is gone; the pod is not. All of this is written meanwhile.
+        (control / "go").touch()
+        await until(lambda: (control / "burst.done").exists(), what="the burst written")
+        (control / "end").touch()
+        seen = len(cluster.requests())
+        async with inprocess_daemon(repo, cfg, executor=executor(repo, cluster)) as daemon:
+            grid = daemon.grid
+            await until(
+                lambda: grid.state.tasks["burst"].status == TaskStatus.REVIEW, what="review"
+            )
+            [again] = grid.state.agents.values()
+            assert again.id == agent.id  # the same run: no second Job
+        lines = (Path(agent.run_dir) / "output.log").read_text().splitlines()
+        assert lines == ["burst ready"] + [f"burst line {n}" for n in range(1, 301)]
+        after = cluster.requests()[seen:]
+        assert not [r for r in after if r[0] == "POST"]  # nothing created again
+        found = [r for r in after if r[1].endswith("/pods") and "labelSelector" in r[2]]
+        assert found and found[0][2]["labelSelector"].startswith("grid.box=")
+    finally:
+        kill_workspace_agents(repo)
+
+
+async def test_a_cancelled_kubernetes_run_deletes_its_job_with_its_pod(
+    repo: Path, tmp_path: Path, cluster: FakeCluster
+) -> None:
+    cfg = config(hang=agent_command("hang.py", str(tmp_path)))
+    try:
+        async with inprocess_daemon(repo, cfg, executor=executor(repo, cluster)) as daemon:
+            grid: Grid = daemon.grid
+            start_tasks(grid, {"id": "stuck", "title": "never ends"})
+            await until(lambda: (tmp_path / "stuck.pids").exists(), what="the hang agent")
+            [agent] = grid.state.agents.values()
+            await grid.commands.cancel_task("stuck")
+            await until(lambda: not grid.state.live_agents(), what="the agent stopped")
+            status = json.loads((Path(agent.run_dir) / "exit.json").read_text())
+            assert status["exitCode"] != 0 or status["signal"] is not None
+            await until(lambda: cluster.jobs() == {}, what="the Job deleted")
+            deletes = [r for r in cluster.requests() if r[0] == "DELETE"]
+            assert deletes and deletes[-1][2].get("propagationPolicy") == "Background"
+            await until(lambda: cluster.pods() == {}, what="its pod collected")
+    finally:
+        kill_workspace_agents(repo)
+
+
+OOM = {
+    "phase": "Failed",
+    "containerStatuses": [
+        {"name": "box", "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}
+    ],
+}
+EVICTED = {
+    "phase": "Failed",
+    "reason": "Evicted",
+    "message": "The node was low on resource: memory.",
+}
+
+
+@pytest.mark.parametrize(
+    ("how", "reason", "says"),
+    [
+        ("oom", "oom_killed", "out of memory"),
+        ("evicted", "evicted", "low on resource"),
+        ("deadline", "deadline_exceeded", "deadline exceeded"),
+        ("deleted", "box_gone", "deleted outside gridd"),
+    ],
+)
+async def test_a_pod_ended_by_the_cluster_fails_the_run_with_its_own_reason(
+    repo: Path, tmp_path: Path, cluster: FakeCluster, how: str, reason: str, says: str
+) -> None:
+    cfg = config(hang=agent_command("hang.py", str(tmp_path)))
+    try:
+        async with inprocess_daemon(repo, cfg, executor=executor(repo, cluster)) as daemon:
+            grid: Grid = daemon.grid
+            start_tasks(grid, {"id": "stuck", "title": "ended by the cluster"})
+            await until(lambda: (tmp_path / "stuck.pids").exists(), what="the hang agent")
+            [first] = grid.state.agents.values()
+            (tmp_path / "stuck.pids").unlink()
+            [job] = cluster.jobs()
+            if how == "oom":
+                cluster.end_pod(job, OOM)
+            elif how == "evicted":
+                cluster.end_pod(job, EVICTED)
+            elif how == "deadline":
+                failed = {"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}
+                cluster.set_job_status(job, {"conditions": [failed]})
+                cluster.end_pod(job)  # the Job controller deletes its pods
+            else:
+                cluster.delete_job(job)
+            await until(
+                lambda: grid.state.agents[first.id].ended_at is not None, what="the run ended"
+            )
+            ended = grid.state.agents[first.id]
+            assert ended.exit_reason == reason
+            assert ended.exit_code != 0 and ended.error and says in ended.error
+            # A failure like any other: retried by the usual rules, in a Job of its own.
+            await until(lambda: (tmp_path / "stuck.pids").exists(), what="the retry running")
+            assert len(grid.state.agents) == 2
+            await until(lambda: events(grid, "agent.failed"), what="agent.failed recorded")
+            assert events(grid, "agent.failed")[0]["exitReason"] == reason
+    finally:
+        kill_workspace_agents(repo)
+
+
+async def test_a_quota_denial_is_not_started_yet_and_the_task_starts_once_it_is_free(
+    repo: Path, cluster: FakeCluster
+) -> None:
+    cluster.refuse_next_create(
+        403,
+        "Forbidden",
+        'jobs.batch "x" is forbidden: exceeded quota: grid-quota, requested: limits.memory=2Gi',
+    )
+    cfg = config(reader=agent_command("read_line.py"))
+    try:
+        async with inprocess_daemon(repo, cfg, executor=executor(repo, cluster)) as daemon:
+            grid: Grid = daemon.grid
+            start_tasks(grid, {"id": "later", "title": "waits for the quota"})
+            await until(
+                lambda: any(
+                    a.last_output == "ready for a line" for a in grid.state.agents.values()
+                ),
+                what="the run started once the quota let it",
+            )
+            await until(lambda: events(grid, "task.start_failed"), what="the refusal recorded")
+            [refused] = events(grid, "task.start_failed")
+            assert refused["counted"] is False
+            assert "exceeded quota" in str(refused["error"])
+            task = grid.state.tasks["later"]
+            assert task.attempts == 1  # the refused start spent no attempt
+            assert events(grid, "agent.failed") == []
+    finally:
+        kill_workspace_agents(repo)
+
+
+def test_a_box_gone_carries_the_reason_the_cluster_gives(cluster: FakeCluster) -> None:
+    engine = KubernetesEngine(k8s_settings(cluster))
+    engine.create("grid-ab12-r-4", labels={"grid.run": "r-4"}, files={"spec.json": b"{}"})
+    cluster.end_pod("grid-ab12-r-4", OOM)
+    with pytest.raises(BoxGone) as gone:
+        engine.exec("grid-ab12-r-4", ["poll", "0", "0", "10"])
+    assert gone.value.reason == "oom_killed"
+    engine.remove("grid-ab12-r-4")

@@ -215,5 +215,7 @@ def test_a_podman_run_past_its_memory_limit_is_killed_and_fails(
         wait_task_status(c, "greedy", "failed", timeout=60)
         [agent] = c.get("/agents", params={"all": "1"})
         assert agent["exitCode"] == 128 + 9  # killed by the kernel at the limit, never a success
+        assert agent["exitReason"] == "oom_killed"  # said so, not a bare SIGKILL
+        assert "out of memory" in agent["error"]
         log = Path(agent["runDir"], "output.log")
         assert not log.exists() or "allocated" not in log.read_text()

@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 
-from gridd.agents.boxes import BoxGone
-from gridd.agents.kubernetes import KubernetesEngine, exit_reason, job_manifest, k8s_name
-from gridd.agents.remote import RemoteExecutor
 from gridd.errors import Conflict, GriddError
 from gridd.grid import Grid
 from gridd.model import TaskStatus
+from gridd.runs.boxes import BoxGone
+from gridd.runs.kubernetes import KubernetesEngine, exit_reason, job_manifest, k8s_name
+from gridd.runs.remote import RemoteExecutor
 from gridd.settings import KubernetesSettings
 from gridd.specs import PlanSpec, SessionStart, normalise_plan
 from tests.helpers import agent_command, git_show, inprocess_daemon, kill_workspace_agents
@@ -399,8 +399,8 @@ async def test_a_pod_ended_by_the_cluster_fails_the_run_with_its_own_reason(
                 lambda: grid.state.agents[first.id].ended_at is not None, what="the run ended"
             )
             ended = grid.state.agents[first.id]
-            assert ended.exit_reason == reason
-            assert ended.exit_code != 0 and ended.error and says in ended.error
+            assert ended.exit_reason == reason, (ended.error, ended.exit_code)
+            assert ended.exit_code != 0 and ended.error and says in ended.error, ended.error
             # A failure like any other: retried by the usual rules, in a Job of its own.
             await until(lambda: (tmp_path / "stuck.pids").exists(), what="the retry running")
             assert len(grid.state.agents) == 2

@@ -55,7 +55,7 @@ class SpawnFailed(GriddError):
 
 
 #: The code of an executor's refusal that means "not started yet", not a failure (a
-#: Kubernetes namespace's quota: ``agents/kubernetes.py`` ``QuotaExceeded``).
+#: Kubernetes namespace's quota: ``runs/kubernetes.py`` ``QuotaExceeded``).
 NOT_STARTED = "quota_exceeded"
 
 

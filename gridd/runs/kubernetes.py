@@ -1,4 +1,4 @@
-"""The kubernetes engine: each run's box is a ``batch/v1`` Job (``agents/boxes.py`` ``Engine``).
+"""The kubernetes engine: each run's box is a ``batch/v1`` Job (``runs/boxes.py`` ``Engine``).
 
 Through lightkube (the optional extra ``gridd[kubernetes]``), imported on the first call
 that needs the cluster, so a daemon whose runs are all elsewhere never loads it.
@@ -13,7 +13,7 @@ that needs the cluster, so a daemon whose runs are all elsewhere never loads it.
 - **Files in**: the pod's main process is a small bootstrap waiting for ``<root>/.ready``.
   Once the pod runs, one exec writes the in-box shim, the spec and the base bundle (a tar
   of exactly the size it announces: nothing waits for stdin to close), and the bootstrap
-  becomes the shim (``agents/boxshim.py`` ``run``). A bootstrap given nothing within
+  becomes the shim (``runs/boxshim.py`` ``run``). A bootstrap given nothing within
   ``start_timeout_seconds`` exits, so a daemon killed in between leaves no pod waiting.
 - **Everything else is an exec** of the shim's commands in the pod (the exec websocket's
   ``v5.channel.k8s.io`` protocol: Kubernetes 1.30 or later).
@@ -34,8 +34,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from gridd.runs.boxes import BOXSHIM, BoxError, BoxGone, BoxInfo
 from gridd.errors import Conflict, GriddError
+from gridd.runs.boxes import BOXSHIM, BoxError, BoxGone, BoxInfo
 from gridd.settings import KubernetesSettings
 
 log = logging.getLogger(__name__)

@@ -11,10 +11,9 @@ and a real API server's exec (the stand-in speaks the same channel protocol)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +26,11 @@ from gridd.runs.boxes import BoxGone
 from gridd.runs.kubernetes import KubernetesEngine, exit_reason, job_manifest, k8s_name
 from gridd.runs.remote import RemoteExecutor
 from gridd.settings import KubernetesSettings
-from gridd.specs import PlanSpec, SessionStart, normalise_plan
 from tests.helpers import agent_command, git_show, inprocess_daemon, kill_workspace_agents
 from tests.kube_standin import FakeCluster
+from tests.test_remote_runs import start_tasks, until
 
 pytestmark = [pytest.mark.xdist_group("kubernetes")]
-
-
-async def until(predicate: Callable[[], object], *, timeout: float = 30.0, what: str = "") -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
@@ -80,13 +71,6 @@ def config(**agents: list[str]) -> dict[str, object]:
         "agents": {name: {"command": argv} for name, argv in agents.items()},
         "executors": {"default": "kubernetes"},
     }
-
-
-def start_tasks(grid: Grid, *tasks: dict[str, str]) -> None:
-    grid.commands.create_tasks(
-        PlanSpec.model_validate(normalise_plan({"tasks": list(tasks)})).tasks
-    )
-    grid.commands.start_session(SessionStart.model_validate({"maxAgents": 2}))
 
 
 def events(grid: Grid, kind: str) -> list[dict[str, Any]]:

@@ -127,7 +127,7 @@ class Spawner:
             log.exception("starting task %s failed unexpectedly", task_id, exc_info=exc)
             message = f"{type(exc).__name__}: {exc}"
         if NOT_STARTED in (getattr(exc, "code", None), getattr(exc.__cause__, "code", None)):
-            self._start_refused(task_id, message, agent_id=agent_id, counted=counted)
+            self._start_failed(task_id, message, agent_id=agent_id, counted=counted, spent=False)
             return
         fault = self.ctx.disk.note(exc)
         if fault is None:
@@ -421,20 +421,31 @@ class Spawner:
                 self.watcher.stopper.request_stop(agent_id, reason, force=True)
 
     def _start_failed(
-        self, task_id: str, message: str, *, agent_id: str | None = None, counted: bool = False
+        self,
+        task_id: str,
+        message: str,
+        *,
+        agent_id: str | None = None,
+        counted: bool = False,
+        spent: bool = True,
     ) -> None:
         """The attempt failed before its agent ran: say why (``task.start_failed``, the
         task's ``error``), and retry after a backoff, or fail the task once its attempts are
-        used up. ``counted``: the attempt was already added to the task's count."""
+        used up. ``counted``: the attempt was already added to the task's count. Not
+        ``spent``: the executor's engine refused the run for now (a namespace's quota is
+        full): it never started, so no attempt is spent and the task only waits."""
         task = self.ctx.state.tasks.get(task_id)
         if task is None:
             return
         log.warning("could not start task %s: %s", task_id, message)
-        attempts = task.attempts if counted else task.attempts + 1
-        self._tell_failed(task_id, message, attempts, counted=True, agent_id=agent_id)
+        if spent:
+            attempts = task.attempts if counted else task.attempts + 1
+        else:
+            attempts = task.attempts - 1 if counted else task.attempts
+        self._tell_failed(task_id, message, attempts, counted=spent, agent_id=agent_id)
         if task.status != TaskStatus.WORKING:
             return
-        if attempts >= task.max_attempts:
+        if spent and attempts >= task.max_attempts:
             move_task(
                 self.ctx.state,
                 task_id,
@@ -444,40 +455,16 @@ class Spawner:
                 error=message,
             )
         else:
-            until = self.ctx.roster.back_off(task_id, attempts)
+            until = self.ctx.roster.back_off(task_id, max(attempts, 1))
             move_task(
                 self.ctx.state,
                 task_id,
                 TaskStatus.READY,
-                reason="could not start; retrying",
+                reason="could not start; retrying" if spent else "not started: no room yet",
                 attempts=attempts,
                 error=message,
                 backoff_until=until,
             )
-
-    def _start_refused(
-        self, task_id: str, message: str, *, agent_id: str | None, counted: bool
-    ) -> None:
-        """The executor's engine refused the run for now (a namespace's quota is full): it
-        never started, so no attempt is spent; the task waits a backoff and starts again."""
-        task = self.ctx.state.tasks.get(task_id)
-        if task is None:
-            return
-        log.warning("could not start task %s yet: %s", task_id, message)
-        attempts = task.attempts - 1 if counted else task.attempts
-        self._tell_failed(task_id, message, attempts, counted=False, agent_id=agent_id)
-        if task.status != TaskStatus.WORKING:
-            return
-        until = self.ctx.roster.back_off(task_id, max(attempts, 1))
-        move_task(
-            self.ctx.state,
-            task_id,
-            TaskStatus.READY,
-            reason="not started: quota",
-            attempts=attempts,
-            error=message,
-            backoff_until=until,
-        )
 
     def _start_paused(
         self,

@@ -144,7 +144,7 @@ class DiskFault:
             "daemon.degraded", {"part": DISK_PART, "state": "down", "core": False, "error": why}
         )
 
-    def watch(self) -> None:
+    def recheck(self) -> None:
         """Probe a disk that refused writes; clear the fault once it takes them again."""
         if self.reason is None:
             return

@@ -57,7 +57,7 @@ from gridd.workspace import Workspace
 log = logging.getLogger(__name__)
 
 #: How often the database file is checked for having been unlinked or replaced.
-STORE_WATCH_SECONDS = 1.0
+STORE_CHECK_SECONDS = 1.0
 #: The name /health and the daemon.degraded event give a state database that cannot write.
 STORE_PART = "store"
 
@@ -237,7 +237,8 @@ class Grid:
             self.beads.start()
         self.notifier.start()
         self.background.supervise("event-log-pruner", self._prune_loop)
-        self.background.supervise("store-watch", self._store_watch_loop, core=True)
+        # "store-watch": the part's name in /health and the docs, kept.
+        self.background.supervise("store-watch", self._store_check_loop, core=True)
         if not self.settings.scheduler.step_mode:
             self.background.supervise("scheduler", self.scheduler.run, core=True)
         self.merges.start()
@@ -331,19 +332,19 @@ class Grid:
         self.warnings.append(problem.message)
         self.bus.publish("daemon.store_problem", problem.wire())
 
-    async def _store_watch_loop(self) -> None:
+    async def _store_check_loop(self) -> None:
         """The database file unlinked or replaced under a running daemon is written back;
         a disk that refused a write is probed until it takes writes again."""
         while True:
-            await asyncio.sleep(STORE_WATCH_SECONDS)
+            await asyncio.sleep(STORE_CHECK_SECONDS)
             problem = self.store.check_file()
             if problem is not None:
                 self._store_problem(problem)
-            self._watch_writes()
+            self._check_writes()
             if self.store.write_error is None:  # (else the store would mark it again)
-                self.disk.watch()
+                self.disk.recheck()
 
-    def _watch_writes(self) -> None:
+    def _check_writes(self) -> None:
         """``store`` is degraded from a write refused by a full or read-only disk until a
         probe write commits again (so the daemon recovers with no request to prompt it)."""
         error = self.store.write_error

@@ -61,7 +61,7 @@ def _short(text: Any, limit: int = 200) -> str:
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
-class Watch:
+class NotificationRules:
     """Decides which notifications an event makes; remembers task statuses to derive kinds."""
 
     def __init__(self, kinds: list[str], *, all_done: Callable[[], bool] | None = None) -> None:
@@ -199,7 +199,7 @@ class Notifier:
         self._bus = bus
         self._background = background
         self._workspace = str(workspace_root)
-        self._watch = Watch(settings.events, all_done=all_done)
+        self._rules = NotificationRules(settings.events, all_done=all_done)
         self._coalescer = Coalescer(settings.coalesce_seconds)
         self._queue: asyncio.Queue[Notification | None] = asyncio.Queue(settings.queue_size + 1)
         self._backoff = backoff_seconds
@@ -238,7 +238,7 @@ class Notifier:
         if self._closed:
             return
         try:
-            for n in self._watch.notice(event):
+            for n in self._rules.notice(event):
                 self._put(n)
         except Exception:
             log.exception("notifications: cannot handle event %d (%s)", event.id, event.type)

@@ -15,7 +15,7 @@ import pytest
 import gridd
 from gridd import event_types
 from gridd.errors import ConfigError
-from gridd.notify import Watch
+from gridd.notify import NotificationRules
 from gridd.settings import parse_settings
 from tests.helpers import (
     GRIDD,
@@ -139,7 +139,7 @@ def test_the_docs_table_lists_exactly_the_known_types() -> None:
 @pytest.mark.parametrize("kind", sorted(event_types.DERIVED_NOTIFICATIONS))
 def test_each_derived_notification_kind_is_one_the_notifier_derives(kind: str) -> None:
     # Derived from tasks.changed: the notifier listens to that, and to no type named kind.
-    assert Watch([kind]).types == {"tasks.changed"}
+    assert NotificationRules([kind]).types == {"tasks.changed"}
 
 
 # -- GET /events ----------------------------------------------------------------------------

@@ -94,7 +94,7 @@ def _socket_part(scrapes: int) -> dict[str, Any]:
             base.append(time.perf_counter() - t1)
         proc = psutil.Process(daemon.pid)
         busy_cpu, busy_s = _cpu_during(proc, lambda: [http.send(metrics) for _ in range(scrapes)])
-        # The same span without scrapes: the 8 agents' watchers and the scheduler's ticks.
+        # The same span without scrapes: the 8 agents' monitors and the scheduler's ticks.
         idle_cpu, _ = _cpu_during(proc, lambda: time.sleep(busy_s))
         text = body.decode()
     cpu = max(0.0, busy_cpu - idle_cpu)

@@ -12,7 +12,7 @@ Two parts:
   ``Commands.create_tasks``; a session starts with ``maxAgents=8``, and once its 8 agents
   run, nothing changes: ``Scheduler.run_pass()`` is then timed 2,000 times (500 with
   ``--quick``), yielding to the event loop between passes as the real loop does (the 8
-  agents' watchers keep polling in the same loop). Target: p99 <= 5 ms. Informational:
+  agents' monitors keep polling in the same loop). Target: p99 <= 5 ms. Informational:
   ``run_pass(force=True)``, the full observe-plan-apply pass any state change triggers.
 - **over the socket** (a real daemon, no session): the same plan by ``POST /plans`` (load
   time reported), then ``GET /state`` on one keep-alive connection (its 4.6 MB body read

@@ -1,7 +1,7 @@
 """Background tasks: started through one helper that names them, logs their death and
 awaits them at shutdown, so nothing runs unobserved and nothing is left pending.
 
-Long-lived parts (the scheduler, watchers, pollers) go through :meth:`Background.supervise`
+Long-lived parts (the scheduler, monitors, pollers) go through :meth:`Background.supervise`
 instead of :meth:`Background.spawn`: the :class:`~gridd.supervisor.Supervisor` restarts
 them when they crash and reports them on ``/health``.
 """

@@ -380,7 +380,7 @@ class Grid:
     def health_key(self) -> Hashable:
         """Equal for as long as ``health()`` would report the same, its uptime aside (read
         on every ``/health``: cheap when nothing is wrong)."""
-        paused = self.pool.watcher.paused
+        paused = self.pool.monitor.paused
         return (
             self.supervisor.revision,
             tuple(self.warnings),
@@ -398,7 +398,7 @@ class Grid:
         degraded = supervisor.degraded()
         core_down = bool(supervisor.core_down())
         warnings = list(self.warnings)
-        for agent_id, why in sorted(self.pool.watcher.paused.items()):
+        for agent_id, why in sorted(self.pool.monitor.paused.items()):
             warnings.append(f"agent {agent_id}: watching paused ({why}); retrying")
         error = self.store.write_error
         if error is not None:  # read at request time: no wait for the next probe

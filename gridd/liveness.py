@@ -43,7 +43,7 @@ def next_change(
     *, now: float, started: float, last_life: float | None, limits: Limits
 ) -> float | None:
     """Seconds until ``assess`` could give another verdict if the agent stays silent (None:
-    never). A watcher that sleeps until then misses no launch failure, stall or stall kill."""
+    never). A monitor that sleeps until then misses no launch failure, stall or stall kill."""
     if last_life is None:
         marks = [started + limits.launch_grace] if limits.launch_grace is not None else []
     else:

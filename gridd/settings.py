@@ -103,7 +103,7 @@ class EventSettings(_Section):
 
 
 class SupervisorSettings(_Section):
-    """How crashed background parts (scheduler, watchers, notifier, ...) are restarted."""
+    """How crashed background parts (scheduler, monitors, notifier, ...) are restarted."""
 
     backoff_seconds: float = Field(
         default=0.5, gt=0, le=60, description="Wait before the first restart of a crashed part"
@@ -367,10 +367,10 @@ def builtin_profiles() -> dict[str, AgentProfile]:
 
 
 class WatchSettings(_Section):
-    """How agent watchers learn that an agent wrote something (``runs/wakeups.py``)."""
+    """How agent monitors learn that an agent wrote something (``runs/wakeups.py``)."""
 
     notify: bool = Field(
-        default=True, description="File notifications (inotify) wake watchers; false = poll"
+        default=True, description="File notifications (inotify) wake monitors; false = poll"
     )
     sweep_seconds: float = Field(
         default=2.0,

@@ -219,7 +219,7 @@ async def test_agent_watcher_survives_a_state_database_that_cannot_be_written(
     repo: Path, tmp_path: Path
 ) -> None:
     """While every write to the state database fails as on a full disk (injected at the
-    store, gridd's own seam), the agent's watcher waits instead of dying, and /health names
+    store, gridd's own seam), the agent's monitor waits instead of dying, and /health names
     it; once writes work again the agent's task moves on, and its output is still in its
     run file."""
     from typing import cast
@@ -253,7 +253,7 @@ async def test_agent_watcher_survives_a_state_database_that_cannot_be_written(
         try:
             (control / f"{task.id}.go").touch()
             await _until(lambda: (control / f"{task.id}.done").exists(), timeout=30)
-            # The watcher meets the failing store: it waits, and /health says so.
+            # The monitor meets the failing store: it waits, and /health says so.
             transport = httpx.AsyncHTTPTransport(uds=str(d.sock))
             async with httpx.AsyncClient(transport=transport, base_url="http://gridd") as http:
                 deadline = time.monotonic() + 30

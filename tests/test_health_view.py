@@ -43,13 +43,13 @@ async def test_health_shows_each_change_on_the_next_request(repo: Path) -> None:
         assert warned.json()["status"] == "degraded"
         assert warned.json() == _expected(grid, warned.json())
 
-        grid.pool.watcher.paused["a-1"] = "output file unreadable"
+        grid.pool.monitor.paused["a-1"] = "output file unreadable"
         paused = (await http.get("/health")).json()
         assert (
             paused["warnings"][-1]
             == "agent a-1: watching paused (output file unreadable); retrying"
         )
-        del grid.pool.watcher.paused["a-1"]
+        del grid.pool.monitor.paused["a-1"]
         assert len((await http.get("/health")).json()["warnings"]) == 1
 
         grid.store.write_error = StoreError("the disk is full", code="disk_full")

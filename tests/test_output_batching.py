@@ -1,6 +1,6 @@
 """The output pass publishes many agents' output in one store transaction: all of it or none
 of it, and a daemon killed in the middle of such a batch publishes exactly the rest after a
-restart. Watchers read ``exit.json`` only when something says the run may have ended."""
+restart. Monitors read ``exit.json`` only when something says the run may have ended."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ async def test_a_pass_the_store_refuses_publishes_nothing_of_any_agent_then_all_
 ) -> None:
     agents, count = 3, 40
     async with lines_agents(repo, agents=agents, count=count) as (grid, control):
-        output = grid.pool.watcher.output
+        output = grid.pool.monitor.output
         ids = sorted(a.id for a in grid.state.live_agents())
         # Nothing is read while the agents write: the whole burst waits for one pass.
         real_wake = output.wake
@@ -70,7 +70,7 @@ async def test_a_pass_the_store_refuses_publishes_nothing_of_any_agent_then_all_
 async def test_lines_from_many_agents_share_transactions(repo: Path) -> None:
     agents, count = 8, 300
     async with lines_agents(repo, agents=agents, count=count) as (grid, control):
-        output = grid.pool.watcher.output
+        output = grid.pool.monitor.output
         before = output.transactions
         (control / "go").touch()
         await until(lambda: all((control / f"t{i}.done").exists() for i in range(agents)))
@@ -95,7 +95,7 @@ async def test_an_exit_is_noticed_without_reading_exit_json_on_every_wake(repo: 
         (control / "end").touch()
         await until(lambda: not grid.pool.handles, timeout=30, what="agents finished")
         totals = wakeups.totals()
-        # The exit record's arrival (or the shim's exit) is what made each watcher read it.
+        # The exit record's arrival (or the shim's exit) is what made each monitor read it.
         assert agents < totals.exit_checks <= 3 * agents
 
 
@@ -171,31 +171,31 @@ async def test_a_settled_output_pass_keeps_the_watchers_own_pause_warning_and_ba
     repo: Path,
 ) -> None:
     async with lines_agents(repo, agents=1, count=20) as (grid, control):
-        watcher = grid.pool.watcher
-        output = watcher.output
+        monitor = grid.pool.monitor
+        output = monitor.output
         (agent_id,) = [a.id for a in grid.state.live_agents()]
-        # The watcher's watch is paused (a store error) while the output pass has its own
+        # The monitor's watch is paused (a store error) while the output pass has its own
         # pause for the same run: /health names both.
-        watcher.paused[agent_id] = "watching: the disk is full"
+        monitor.paused[agent_id] = "watching: the disk is full"
         output.paused[agent_id] = "publishing: the disk is full"
         assert (
-            watcher.paused[agent_id] == "watching: the disk is full; publishing: the disk is full"
+            monitor.paused[agent_id] == "watching: the disk is full; publishing: the disk is full"
         )
-        # The output pass reads and settles the run: its own reason goes, the watcher's stays.
+        # The output pass reads and settles the run: its own reason goes, the monitor's stays.
         (control / "go").touch()
         await until(lambda: (control / "t0.done").exists())
         await until(lambda: all(not r.unread() for r in grid.pool.runs.values()), what="read")
         assert_complete(grid, 20)
         assert agent_id not in output.paused
-        assert dict(watcher.paused) == {agent_id: "watching: the disk is full"}
+        assert dict(monitor.paused) == {agent_id: "watching: the disk is full"}
         assert any("watching: the disk is full" in w for w in grid.health().warnings)
-        # And the watcher resuming clears only its own reason, never the output pass's.
+        # And the monitor resuming clears only its own reason, never the output pass's.
         output.paused[agent_id] = "publishing: the disk is full"
-        watcher.paused.pop(agent_id, None)
-        assert dict(watcher.paused) == {agent_id: "publishing: the disk is full"}
+        monitor.paused.pop(agent_id, None)
+        assert dict(monitor.paused) == {agent_id: "publishing: the disk is full"}
         assert any("publishing: the disk is full" in w for w in grid.health().warnings)
         output.paused.pop(agent_id)
-        assert not watcher.paused
+        assert not monitor.paused
 
 
 async def test_a_look_after_an_output_only_notice_skips_the_heartbeat_file_never_its_beats(

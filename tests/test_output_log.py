@@ -1,4 +1,4 @@
-"""An agent's output log and its index, read by the indexing watcher with its files kept
+"""An agent's output log and its index, read by the indexing monitor with its files kept
 open between looks (within a share of the descriptor limit), or opened per look past it:
 the same chunks either way, each indexed once, in order."""
 

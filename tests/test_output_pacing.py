@@ -1,4 +1,4 @@
-"""Output pacing (``gridd/pool/pacing.py``): a watcher publishes an agent's output no faster
+"""Output pacing (``gridd/pool/pacing.py``): a monitor publishes an agent's output no faster
 than the event stream's readers take it, so a flood waits on disk, not in memory, and a
 stalled reader never holds the others back. The decision is tested as a pure function, the
 pacer on a fake backlog, and the whole on an in-process daemon with a real flooding agent
@@ -138,8 +138,8 @@ async def test_a_flood_to_a_slow_reader_arrives_whole_while_the_queues_stay_boun
         assert reader.error is None and not reader.is_alive()
         assert reader.seqs == list(range(1, len(reader.seqs) + 1))  # none lost, none reordered
         assert "".join(reader.text) == expected
-        pacer = grid.pool.watcher.pacer
-        assert pacer.waits > 0  # the watcher waited for the reader...
+        pacer = grid.pool.monitor.pacer
+        assert pacer.waits > 0  # the monitor waited for the reader...
         # ... so the queues never held much more than the mark and one look (16 chunks,
         # JSON-escaped), where unpaced they held the flood (~10 MiB of JSON here).
         assert grid.bus.budget.peak <= HIGH_BYTES + 2 * MIB
@@ -151,7 +151,7 @@ async def test_a_flood_to_a_slow_reader_arrives_whole_while_the_queues_stay_boun
 
 async def test_a_reader_that_keeps_taking_is_not_stalled_while_another_publisher_adds() -> None:
     # Two publishers wait on one pacer at once (the output pass and a finished run's
-    # watcher): while one waits, the other's output keeps the backlog from a new low,
+    # monitor): while one waits, the other's output keeps the backlog from a new low,
     # though the reader takes events all along. Taking is progress: no stall verdict.
     backlog, taken = [6 * MIB], [0]
 

@@ -1,6 +1,6 @@
-"""Agent watchers wake on their agent's writes, never on a timer: output arrives complete and
+"""Agent monitors wake on their agent's writes, never on a timer: output arrives complete and
 in order however the notifications come (coalesced, or none at all, when the safety-net
-sweep finds it), and a quiet daemon's watchers stay asleep."""
+sweep finds it), and a quiet daemon's monitors stay asleep."""
 
 from __future__ import annotations
 
@@ -154,7 +154,7 @@ async def test_a_quiet_daemons_watchers_do_not_wake(repo: Path) -> None:
         before, sweeps = wakeups.totals().wakeups, wakeups.sweeps
         await until(lambda: wakeups.sweeps >= sweeps + 3, what="three quiet sweeps")
         assert wakeups.totals().wakeups == before
-        # ...while a single write wakes its watcher at once.
+        # ...while a single write wakes its monitor at once.
         (control / "go").touch()
         await until(lambda: wakeups.totals().wakeups > before, timeout=10)
 

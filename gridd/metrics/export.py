@@ -224,7 +224,7 @@ class GridCollector(Collector):
         yield by_state
         yield _gauge(
             "gridd_background_tasks",
-            "Background tasks alive (parts plus per-agent watchers, starts and stops)",
+            "Background tasks alive (parts plus per-agent monitors, starts and stops)",
             len(self.grid.background.names),
         )
 

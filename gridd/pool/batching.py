@@ -18,9 +18,9 @@ looks take turns with everyone else); a run that had more to give is queued agai
 next pass, and the pass waits for the event streams'
 readers first (``OutputPacer``). A store that refuses the transaction (a full disk) keeps
 every look (``RunWatch.hold``, nothing lost and nothing fed to an adapter twice) and the
-runs are tried again with backoff, named in ``paused`` meanwhile (a ``/health`` warning, beside the watcher's own).
+runs are tried again with backoff, named in ``paused`` meanwhile (a ``/health`` warning, beside the monitor's own).
 
-The watcher of each run (``watching.py``) no longer reads output; it wakes for exits, lost
+The monitor of each run (``monitoring.py``) no longer reads output; it wakes for exits, lost
 shims and health deadlines, and reads what an exited run left itself (``finishing``).
 """
 
@@ -63,7 +63,7 @@ class OutputPass:
         self.due: dict[str, None] = {}
         #: Each watched agent's wake-up (its counts say how often its run was read).
         self.wakes: dict[str, Wakeup] = {}
-        #: Agent id -> why reading its run is paused (its own: the watcher's are apart;
+        #: Agent id -> why reading its run is paused (its own: the monitor's are apart;
         #: /health shows both, ``watching.Pauses``).
         self.paused: dict[str, str] = {}
         self.passes = 0
@@ -111,7 +111,7 @@ class OutputPass:
             del self.due[agent_id]
             run = runs.get(agent_id)
             if run is None or run.finishing or agent_id not in self.ctx.state.agents:
-                continue  # gone, or its watcher reads what is left of it
+                continue  # gone, or its monitor reads what is left of it
             lifeless = run.last_life is None
             wake = self.wakes.get(agent_id)
             beats = True
@@ -128,7 +128,7 @@ class OutputPass:
             if wake is not None:
                 wake.counts.reads += 1
                 wake.counts.wakeups += 1
-                # The watcher sleeps until its health verdict could change. Life only
+                # The monitor sleeps until its health verdict could change. Life only
                 # moves that later, except the first life (launch grace -> stall clock)
                 # and life after a stall (the stall_kill deadline -> a new stall clock).
                 if polled.life and (lifeless or self.ctx.state.agents[agent_id].stalled):

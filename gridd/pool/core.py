@@ -3,7 +3,7 @@ agents. It composes the parts and holds no logic of its own:
 
     spawning.py     a task marked working -> worktree, run directory, process (executor)
     reattaching.py  agents of an earlier daemon -> watched again
-    watching.py     one watcher per agent: wakes on exits and deadlines, judges health,
+    monitoring.py     one monitor per agent: wakes on exits and deadlines, judges health,
                     on exit reads the rest and calls the finisher (``on_exit``)
     batching.py     the output pass: every run that wrote, read and published together
                     (what a look means: reading.py)
@@ -25,13 +25,13 @@ from gridd.events import EventBus
 from gridd.git.worktrees import Worktrees
 from gridd.model import Agent, Question
 from gridd.pool.context import PoolContext
+from gridd.pool.monitoring import Monitor, OnExit
 from gridd.pool.reading import RunReader
 from gridd.pool.reattaching import Reattacher
 from gridd.pool.roster import Roster
 from gridd.pool.spawning import Claimer, Spawner
 from gridd.pool.stopping import Stopper
 from gridd.pool.talking import Conversation, output_log
-from gridd.pool.watching import OnExit, Watcher
 from gridd.questions import QuestionBook
 from gridd.runs.egress import EgressProxies
 from gridd.runs.executor import Executor
@@ -89,11 +89,11 @@ class AgentPool:
         self.talk = Conversation(ctx)
         self.stopper = Stopper(ctx)
         reader = RunReader(ctx, talk=self.talk, stopper=self.stopper)
-        self.watcher = Watcher(
+        self.monitor = Monitor(
             ctx, reader=reader, stopper=self.stopper, talk=self.talk, wakeups=self.wakeups
         )
-        self.spawner = Spawner(ctx, worktrees=worktrees, watcher=self.watcher, environ=environ)
-        self.reattacher = Reattacher(ctx, watcher=self.watcher)
+        self.spawner = Spawner(ctx, worktrees=worktrees, monitor=self.monitor, environ=environ)
+        self.reattacher = Reattacher(ctx, monitor=self.monitor)
         # The roster's tables, by their old names (the scheduler and commands read them).
         self.handles = self.roster.handles
         self.runs = self.roster.runs
@@ -107,11 +107,11 @@ class AgentPool:
     @property
     def on_exit(self) -> OnExit | None:
         """Finishes an agent run (``finish.Finisher.finish``; set by the composition root)."""
-        return self.watcher.on_exit
+        return self.monitor.on_exit
 
     @on_exit.setter
     def on_exit(self, callback: OnExit | None) -> None:
-        self.watcher.on_exit = callback
+        self.monitor.on_exit = callback
 
     def _sandbox_denied(self, agent_id: str, target: str, unreported: int) -> None:
         """A run's proxy refused a host (``runs/egress.py``, rate-limited there)."""
@@ -135,7 +135,7 @@ class AgentPool:
         await self.spawner.start(task_id, profile_name)
 
     async def reattach(self, agent: Agent) -> None:
-        if agent.claim_pending:  # before its watcher can finish it
+        if agent.claim_pending:  # before its monitor can finish it
             self.spawner.recheck_claim(agent)
         await self.reattacher.reattach(agent)
 

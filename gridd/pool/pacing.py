@@ -2,20 +2,20 @@
 
 An agent writes to its run's ``output.log`` at the speed of a file; the daemon indexes it
 and publishes ``agent.output`` events, which wait in the SSE streams' queues until sent. A
-watcher that published as fast as it could read (1 MiB a look, then the next) filled those
+monitor that published as fast as it could read (1 MiB a look, then the next) filled those
 queues with the whole flood: a 20 MiB burst held ~45 MB of chunks, their JSON and their SSE
 encodings at once, although every byte is already safe on disk.
 
-So between looks a watcher checks what the bus holds for its subscribers
+So between looks a monitor checks what the bus holds for its subscribers
 (``EventBus.budget.held`` plus ``budget.pending``: bytes of queued events counted once, and of events published but not yet delivered). Above ``high`` it waits,
 for as long as the readers make progress (the backlog goes down): the log on disk is the
 buffer, and memory stays near ``high``. A backlog that does not move for ``patience`` is a
-stalled reader's: the watcher stops waiting for it (the bus's own limits deal with a stalled
+stalled reader's: the monitor stops waiting for it (the bus's own limits deal with a stalled
 client, ``events.total_bytes``) until the backlog is back under ``high``. Pacing delays only
 publishing, never the agent, and never loses or reorders a byte. The decision is the pure
 ``verdict``.
 
-What a burst borrowed is handed back once it is over: when a watcher has nothing more to
+What a burst borrowed is handed back once it is over: when a monitor has nothing more to
 read, at least ``TRIM_AFTER_BYTES`` were published since the last time, and the readers
 have taken everything queued, the heap's free pages go back to the system
 (``gridd.memory.trim``).
@@ -31,11 +31,11 @@ from enum import Enum
 
 from gridd import memory
 
-#: Bytes of queued events above which watchers wait for readers to catch up.
+#: Bytes of queued events above which monitors wait for readers to catch up.
 HIGH_BYTES = 4 * 1024 * 1024
 #: A backlog that has not gone down for this long belongs to a stalled reader.
 PATIENCE_SECONDS = 0.5
-#: How often a waiting watcher looks at the backlog again.
+#: How often a waiting monitor looks at the backlog again.
 STEP_SECONDS = 0.005
 #: Output published since the last trim that makes the next rest trim the heap...
 TRIM_AFTER_BYTES = 4 * 1024 * 1024
@@ -63,7 +63,7 @@ def verdict(
     """Whether to publish more output (PURE). ``lowest``: the smallest backlog seen while
     waiting, first seen at ``since``; a new low is progress, and so is ``taken`` (readers
     took events since the last look, though others were published meanwhile: two
-    publishers wait at once, the output pass and a finished run's watcher, and one's
+    publishers wait at once, the output pass and a finished run's monitor, and one's
     publishing must not make the other call a reader that keeps taking stalled)."""
     if held <= high:
         return Verdict.GO
@@ -74,7 +74,7 @@ def verdict(
 
 @dataclass
 class OutputPacer:
-    """Shared by every watcher of a pool: ``held`` reads the bus's queued bytes."""
+    """Shared by every monitor of a pool: ``held`` reads the bus's queued bytes."""
 
     held: Callable[[], int]
     #: Bytes the readers have taken, ever (``events.Budget.freed``); None: only new lows
@@ -84,7 +84,7 @@ class OutputPacer:
     patience: float = PATIENCE_SECONDS
     step: float = STEP_SECONDS
     stalled: bool = False
-    waits: int = 0  # times a watcher waited (for tests and curiosity)
+    waits: int = 0  # times a monitor waited (for tests and curiosity)
     unsettled: int = 0  # output bytes published since the heap was last trimmed
     trims: int = 0
     _trim_due: asyncio.Handle | None = field(default=None, repr=False)
@@ -93,7 +93,7 @@ class OutputPacer:
         self.unsettled += nbytes
 
     def rest(self) -> None:
-        """A watcher has read everything there was: after a burst, give memory back once
+        """A monitor has read everything there was: after a burst, give memory back once
         the readers have taken it all (queued events hold the burst until then)."""
         if self.unsettled < TRIM_AFTER_BYTES or self._trim_due is not None:
             return

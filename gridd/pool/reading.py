@@ -1,6 +1,6 @@
 """Reading a run: what an agent's new output and heartbeats mean, put into state and events.
 
-A watcher (``watching.py``) polls the run (``runs/watch.py``) and hands each ``Poll`` here:
+A monitor (``monitoring.py``) polls the run (``runs/watch.py``) and hands each ``Poll`` here:
 output chunks become ``agent.output`` events (committed together with the agent's published
 position), heartbeats and the adapter's signals (activity, questions, cost, session id,
 result, rate limit, retries, nudges, usage, model, tool use) update the agent and publish
@@ -28,7 +28,7 @@ class RunReader:
     def apply(self, agent_id: str, run: RunWatch, polled: Poll) -> None:
         """Publish one look at one run: its output in a transaction of its own, then the
         rest (``apply_rest``). The output pass (``batching.py``) publishes many runs' output
-        in one transaction instead; a watcher reading what an exited run left uses this.
+        in one transaction instead; a monitor reading what an exited run left uses this.
         A store that refuses the output keeps the look (``RunWatch.hold``) and raises."""
         if polled.chunks:
             try:

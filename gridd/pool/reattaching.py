@@ -23,7 +23,7 @@ from gridd.errors import GriddError
 from gridd.lifecycle import move_agent
 from gridd.model import Agent, AgentStatus, TaskStatus, utcnow
 from gridd.pool.context import PoolContext
-from gridd.pool.watching import Watcher
+from gridd.pool.monitoring import Monitor
 from gridd.runs.executor import AgentHandle
 from gridd.runs.watch import RunWatch
 
@@ -36,9 +36,9 @@ SETTLE_POLL_SECONDS = 0.02
 
 
 class Reattacher:
-    def __init__(self, ctx: PoolContext, *, watcher: Watcher) -> None:
+    def __init__(self, ctx: PoolContext, *, monitor: Monitor) -> None:
         self.ctx = ctx
-        self.watcher = watcher
+        self.monitor = monitor
 
     async def reattach(self, agent: Agent) -> None:
         """Resume watching an agent started by an earlier daemon (its shim outlived us), or,
@@ -91,7 +91,7 @@ class Reattacher:
                 "exited": handle.exit_status() is not None,
             },
         )
-        self.watcher.spawn(agent.id)
+        self.monitor.spawn(agent.id)
 
     async def _reopen_proxy(self, agent: Agent) -> None:
         """A run whose network is ``allowlist`` gets its proxy back, on the port its

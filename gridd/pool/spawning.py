@@ -29,9 +29,9 @@ from gridd.lifecycle import move_agent, move_task
 from gridd.model import Agent, AgentStatus, Task, TaskStatus, utcnow
 from gridd.plan import RATE_LIMIT_RESET
 from gridd.pool.context import PoolContext
+from gridd.pool.monitoring import Monitor
 from gridd.pool.prompts import continuation_prompt, feedback_prompt, render_command
 from gridd.pool.rundirs import new_run
-from gridd.pool.watching import Watcher
 from gridd.runs.egress import proxy_env
 from gridd.runs.executor import Launch
 from gridd.runs.remote import placement
@@ -91,12 +91,12 @@ class Spawner:
         ctx: PoolContext,
         *,
         worktrees: Worktrees,
-        watcher: Watcher,
+        monitor: Monitor,
         environ: Mapping[str, str],
     ) -> None:
         self.ctx = ctx
         self.worktrees = worktrees
-        self.watcher = watcher
+        self.monitor = monitor
         self.environ = dict(environ)
         self.claimers: dict[str, Claimer] = {}
         #: Set by the composition root: worktrees made ahead (``git.prepared``), taken first.
@@ -184,7 +184,7 @@ class Spawner:
         self.ctx.roster.disowned[task_id] = worktree
         self._not_ours(task_id, outcome)
         why = "claim unanswered" if isinstance(outcome, Exception) else "claim lost"
-        self.watcher.stopper.request_stop(agent_id, why, force=True)
+        self.monitor.stopper.request_stop(agent_id, why, force=True)
 
     def recheck_claim(self, agent: Agent) -> None:
         """An earlier daemon started this run while its task's claim was in flight and died
@@ -406,7 +406,7 @@ class Spawner:
             },
         )
         self.ctx.state.touch()
-        self.watcher.spawn(agent_id)
+        self.monitor.spawn(agent_id)
         if claim is not None:
             await self._own(task_id, agent_id, worktree, claim)
         opening = adapter.initial_input(prompt)
@@ -418,7 +418,7 @@ class Spawner:
                 message = exc.message if isinstance(exc, GriddError) else describe(exc)
                 reason = f"could not send the agent its prompt: {message}"
                 self.ctx.bus.publish("agent.warning", {"agentId": agent_id, "warning": reason})
-                self.watcher.stopper.request_stop(agent_id, reason, force=True)
+                self.monitor.stopper.request_stop(agent_id, reason, force=True)
 
     def _start_failed(
         self,

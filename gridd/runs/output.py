@@ -5,7 +5,7 @@ is the daemon's; the log is the shim's. After a daemon restart, whatever the age
 the meantime is simply the unindexed tail of the log, so sequence numbers continue with no
 gap and no duplicate.
 
-The indexing watcher keeps both files open between looks (``poll``): with hundreds of agents
+The indexing monitor keeps both files open between looks (``poll``): with hundreds of agents
 each printing, opening and closing them for every line was a fifth of the daemon's work. The
 descriptors kept open by all runs together stay under a quarter of the process's limit
 (``RLIMIT_NOFILE``); past that a run opens its files per look, as before.
@@ -90,7 +90,7 @@ def _keepable() -> int:
 
 class OutputLog:
     def __init__(self, run_dir: Path, *, writer: bool = True) -> None:
-        """``writer``: the one watcher that indexes new output (and may repair the index);
+        """``writer``: the one monitor that indexes new output (and may repair the index);
         readers (the output endpoint) only look."""
         self.log_path = run_dir / "output.log"
         self.idx_path = run_dir / "chunks.idx"

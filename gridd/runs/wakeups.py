@@ -1,6 +1,6 @@
-"""Wake-ups for agent watchers: a watcher sleeps until its agent wrote, exited or was lost.
+"""Wake-ups for agent monitors: a monitor sleeps until its agent wrote, exited or was lost.
 
-A watcher (``pool.watching.Watcher``) used to look at its run every 20-50 ms whether or not
+A monitor (``pool.watching.Monitor``) used to look at its run every 20-50 ms whether or not
 anything had happened; with a few hundred agents that polling was most of the daemon's CPU.
 Now nothing looks at a run until something happened to it, and what happened decides who
 looks:
@@ -9,7 +9,7 @@ looks:
   ``on_data``, the pool's output pass (``pool/batching.py``), which reads every such run
   of a moment in one go, one store transaction for all of them;
 - **an exit, or a lost shim** (``exit.json`` renamed into place, the shim's pidfd readable,
-  a queue overflow): the run's ``Wakeup`` is set with ``exit_due``, waking its watcher,
+  a queue overflow): the run's ``Wakeup`` is set with ``exit_due``, waking its monitor,
   which reads ``exit.json`` then and only then.
 
 Three sources report them:
@@ -30,7 +30,7 @@ Three sources report them:
   every ``fallback_seconds`` instead and is the only source.
 
 Each ``Wakeup`` counts its wake-ups and where they came from (``counts``), so tests and
-benchmarks can see that a quiet daemon's watchers stay asleep, and that ``exit.json`` is
+benchmarks can see that a quiet daemon's monitors stay asleep, and that ``exit.json`` is
 read only when something says the run may have ended.
 """
 
@@ -63,7 +63,7 @@ _READ_BYTES = 64 * 1024
 
 @dataclass
 class WakeCounts:
-    """Why a watcher woke: a file notice, the safety-net sweep, its shim's exit, a timeout;
+    """Why a monitor woke: a file notice, the safety-net sweep, its shim's exit, a timeout;
     how often its run was read (``reads``, by the output pass) and its exit record looked
     for (``exit_checks``)."""
 
@@ -71,14 +71,14 @@ class WakeCounts:
     swept: int = 0
     shim_exit: int = 0
     timeouts: int = 0
-    wakeups: int = 0  # times the watcher woke: ``wait`` returned, or the run was read
+    wakeups: int = 0  # times the monitor woke: ``wait`` returned, or the run was read
     reads: int = 0
     exit_checks: int = 0
 
 
 @dataclass
 class Wakeup:
-    """One run's wake-up flag. ``unread`` (set by the watcher) says whether the run holds
+    """One run's wake-up flag. ``unread`` (set by the monitor) says whether the run holds
     data not read yet; ``exit_due`` whether ``exit.json`` is worth reading (it was
     notified, the shim died, the sweep saw it, or the watch just began)."""
 
@@ -129,7 +129,7 @@ class Wakeup:
 
 
 def _nothing(wake: Wakeup) -> None:
-    """``on_data`` until the pool sets its own: the watcher's own event, as before."""
+    """``on_data`` until the pool sets its own: the monitor's own event, as before."""
     wake.set()
 
 
@@ -224,7 +224,7 @@ class Wakeups:
         look finds what is there, and whether the run already ended.
 
         ``shim_pid`` with ``shim_alive`` (its identity check, asked once the pid is pinned
-        by a pidfd): the shim's exit wakes the watcher too."""
+        by a pidfd): the shim's exit wakes the monitor too."""
         wake = Wakeup(run_dir, unread, key)
         wake.set()
         if self._inotify is not None:
@@ -271,7 +271,7 @@ class Wakeups:
     def _watch_shim(self, wake: Wakeup, pid: int, alive: Callable[[], bool] | None) -> None:
         opener = getattr(os, "pidfd_open", None)
         if opener is None:
-            return  # not Linux: the watcher asks the OS on a timer
+            return  # not Linux: the monitor asks the OS on a timer
         try:
             fd = opener(pid)
         except ProcessLookupError:
@@ -330,7 +330,7 @@ class Wakeups:
 
     def _drain(self) -> None:
         """Read every queued notification; hand each run with new data to ``on_data`` (once
-        per batch) and wake the watchers of runs whose ``exit.json`` arrived."""
+        per batch) and wake the monitors of runs whose ``exit.json`` arrived."""
         assert self._inotify is not None
         self.drains += 1
         if self._loop is not None:
@@ -392,7 +392,7 @@ class Wakeups:
             try:
                 due = wake.unread()
             except OSError:
-                due = True  # let the watcher see (and report) what is wrong
+                due = True  # let the monitor see (and report) what is wrong
             ended = not wake.exit_due and os.path.exists(wake._exit_path)
             if ended:
                 wake.exit_due = True

@@ -58,7 +58,7 @@ class RunWatch:
         self.pending: list[Chunk] = []
         #: A look that could not be published (``hold``): the next poll returns it first.
         self.held: Poll | None = None
-        #: Its exit was seen: the watcher reads what is left itself (the output pass skips it).
+        #: Its exit was seen: the monitor reads what is left itself (the output pass skips it).
         self.finishing = False
 
     def replay(self, upto: int) -> None:

@@ -1,14 +1,14 @@
-"""Watching agents: one watcher per agent, from its spawn (or reattachment) until it has
+"""Monitoring agents: one monitor per agent, from its spawn (or reattachment) until it has
 exited and been finished.
 
-A watcher sleeps until something may have changed its agent's fate (``runs/wakeups.py``):
+A monitor sleeps until something may have changed its agent's fate (``runs/wakeups.py``):
 ``exit.json`` arrived, the supervisor died, or a health deadline came. Only then does it
 read ``exit.json``; it judges the agent's health (launch failure, stall; ``liveness.py``)
 and, once the agent has exited, reads what its run left and calls ``on_exit`` (the
 finisher, set by the composition root). A supervisor gone without an exit record is an
-orphaned run: watched while its agent lives, then failed with that reason.
+orphaned run: monitored while its agent lives, then failed with that reason.
 
-Output is not the watcher's: runs with new data are read and published together by the
+Output is not the monitor's: runs with new data are read and published together by the
 output pass (``batching.py``), many agents' lines in one store transaction.
 """
 
@@ -34,9 +34,9 @@ from gridd.runs.watch import RunWatch
 
 log = logging.getLogger(__name__)
 
-#: Where nothing reports the shim's death (no pidfd) the watcher asks the OS this often.
+#: Where nothing reports the shim's death (no pidfd) the monitor asks the OS this often.
 LIVENESS_SECONDS = 0.5
-#: A state database that cannot be written: retry watching after this (doubling, capped).
+#: A state database that cannot be written: retry monitoring after this (doubling, capped).
 STORE_RETRY_SECONDS = 0.5
 STORE_RETRY_MAX_SECONDS = 10.0
 
@@ -46,9 +46,9 @@ OnExit = Callable[[str, ExitStatus, RunWatch], Awaitable[None]]
 
 class Pauses(MutableMapping[str, str]):
     """Agent id -> why its run is not being looked after, as ``/health`` shows it: the
-    watcher's own reasons (``own``, what this mapping writes) together with those of the
+    monitor's own reasons (``own``, what this mapping writes) together with those of the
     output pass (``others``, read only). Each owner clears only its own reasons: the output
-    pass settling a run never hides a paused watch, nor the other way round."""
+    pass settling a run never hides a paused monitor, nor the other way round."""
 
     def __init__(self, *others: Mapping[str, str]) -> None:
         self.own: dict[str, str] = {}
@@ -67,7 +67,7 @@ class Pauses(MutableMapping[str, str]):
         del self.own[agent_id]
 
     def pop(self, agent_id: str, *default: object) -> object:  # type: ignore[override]
-        """Clears the watcher's own reason only."""
+        """Clears the monitor's own reason only."""
         return self.own.pop(agent_id, *default)
 
     def __iter__(self) -> Iterator[str]:
@@ -83,7 +83,7 @@ class Pauses(MutableMapping[str, str]):
         return bool(self.own) or any(self.others)
 
 
-class Watcher:
+class Monitor:
     def __init__(
         self,
         ctx: PoolContext,
@@ -97,7 +97,7 @@ class Watcher:
         self.reader = reader
         self.stopper = stopper
         self.talk = talk
-        #: What wakes the watchers: file notifications, the shims' exits, a safety-net sweep.
+        #: What wakes the monitors: file notifications, the shims' exits, a safety-net sweep.
         self.wakeups = wakeups
         self._sweeping = False
         self.on_exit: OnExit | None = None
@@ -107,17 +107,17 @@ class Watcher:
         )
         #: Reads and publishes the output of every run that wrote (one task for all).
         self.output = OutputPass(ctx, reader=reader, pacer=self.pacer)
-        #: Agent id -> why watching it (or reading its output) is paused, retried with
+        #: Agent id -> why monitoring it (or reading its output) is paused, retried with
         #: backoff; /health shows it. Each keeps its own reasons (``Pauses``).
         self.paused = Pauses(self.output.paused)
         wakeups.on_data = lambda wake: self.output.wake(wake.key)
 
     def spawn(self, agent_id: str) -> None:
-        """Start watching an agent (a background task named ``agent:<id>``)."""
-        self.ctx.background.spawn(f"agent:{agent_id}", self.watch(agent_id))
+        """Start monitoring an agent (a background task named ``agent:<id>``)."""
+        self.ctx.background.spawn(f"agent:{agent_id}", self.monitor(agent_id))
 
     def _wakeup(self, agent_id: str, handle: AgentHandle, run: RunWatch) -> Wakeup:
-        """The watcher's alarm clock (``runs/wakeups.py``); the sweep starts with the first."""
+        """The monitor's alarm clock (``runs/wakeups.py``); the sweep starts with the first."""
         if not self._sweeping:
             self._sweeping = True
             self.wakeups.start()
@@ -133,17 +133,17 @@ class Watcher:
         self.output.wakes[agent_id] = wake
         return wake
 
-    async def watch(self, agent_id: str) -> None:
-        """Watch one agent until it has exited and been finished. A state database that
-        cannot be written (a full or read-only disk) pauses the watching, never ends it:
-        the agent's output stays in its run files and the watch resumes once writes work.
-        Any other failure (a bug) is retried the same way: an agent is never left unwatched.
+    async def monitor(self, agent_id: str) -> None:
+        """Monitor one agent until it has exited and been finished. A state database that
+        cannot be written (a full or read-only disk) pauses the monitoring, never ends it:
+        the agent's output stays in its run files and the monitoring resumes once writes work.
+        Any other failure (a bug) is retried the same way: an agent is never left unmonitored.
         While paused, the agent is named in ``paused`` (a ``/health`` warning)."""
         pause = STORE_RETRY_SECONDS
         try:
             while agent_id in self.ctx.roster.handles:
                 try:
-                    await self._watch_once(agent_id)
+                    await self._monitor_once(agent_id)
                     return
                 except StoreError as exc:
                     why = exc.message
@@ -159,15 +159,15 @@ class Watcher:
             self.paused.pop(agent_id, None)
             self.output.forget(agent_id)
 
-    async def _watch_once(self, agent_id: str) -> None:
+    async def _monitor_once(self, agent_id: str) -> None:
         handle, run = self.ctx.roster.handles[agent_id], self.ctx.roster.runs[agent_id]
         wake = self._wakeup(agent_id, handle, run)
         try:
-            await self._watch_run(agent_id, handle, run, wake)
+            await self._monitor_run(agent_id, handle, run, wake)
         finally:
             self.wakeups.unwatch(wake)
 
-    async def _watch_run(
+    async def _monitor_run(
         self, agent_id: str, handle: AgentHandle, run: RunWatch, wake: Wakeup
     ) -> None:
         """Wake each time the agent's fate may have changed (see ``Wakeups``): its exit
@@ -214,7 +214,7 @@ class Watcher:
         self.pacer.rest()
 
     def _sleep_for(self, agent_id: str, run: RunWatch, wake: Wakeup) -> float | None:
-        """How long a watcher may sleep when nothing wakes it: until its next health verdict,
+        """How long a monitor may sleep when nothing wakes it: until its next health verdict,
         or the liveness check where nothing reports the shim's death."""
         agent = self.ctx.state.agents[agent_id]
         limits = self.ctx.limits(agent)
@@ -232,7 +232,7 @@ class Watcher:
 
     def _orphaned(self, agent_id: str, handle: AgentHandle, run: RunWatch) -> ExitStatus | None:
         """The shim is gone without a readable exit record. While the agent itself still
-        runs (its output still reaches the log) it is watched on; once it is gone too, its
+        runs (its output still reaches the log) it is monitored on; once it is gone too, its
         exit status is unknown and that is the reason it failed."""
         exit_file = handle.run_dir / "exit.json"
         if exit_file.exists():

@@ -1,6 +1,6 @@
 """Wake-ups for agent monitors: a monitor sleeps until its agent wrote, exited or was lost.
 
-A monitor (``pool.watching.Monitor``) used to look at its run every 20-50 ms whether or not
+A monitor (``pool.monitoring.Monitor``) used to look at its run every 20-50 ms whether or not
 anything had happened; with a few hundred agents that polling was most of the daemon's CPU.
 Now nothing looks at a run until something happened to it, and what happened decides who
 looks:

@@ -30,6 +30,7 @@ BENCHMARKS: list[str] = [
     "sse_fanout",
     "spawn",
     "sandbox",
+    "egress",
     "beads",
     "throughput",
     "waves",

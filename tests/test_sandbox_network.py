@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ import pytest
 from gridd.client import GridClient
 from gridd.runs import egress, landlock
 from tests.helpers import (
+    GRIDCTL,
     agent_command,
     core_daemon,
     event_log,
@@ -297,3 +299,50 @@ def test_the_proxy_decides_by_the_name_and_port_the_agent_asked_for() -> None:
     assert [limit.take("a", now=t) for t in (0, 1, 2, 3)] == [0, 0, None, None]
     assert limit.take("a", now=61) == 2  # the two held back, said with the next one
     assert limit.take("b", now=3) == 0
+
+
+def test_gridctl_logs_follow_says_what_the_sandbox_refused(
+    repo: Path, listeners: tuple[Hello, Hello]
+) -> None:
+    """A refusal by the proxy reaches the person following the agent's output."""
+    forbidden, allowed = listeners
+    probe = "\n".join(
+        [
+            "import os,socket,time",
+            "from urllib.parse import urlsplit",
+            "p=urlsplit(os.environ['HTTPS_PROXY'])",
+            "print('ready', flush=True)",
+            "while not os.path.exists('ask'): time.sleep(0.05)",
+            "s=socket.create_connection((p.hostname,p.port),timeout=5)",
+            f"s.sendall(b'CONNECT 127.0.0.1:{forbidden.port} HTTP/1.1\\r\\n\\r\\n')",
+            "print('asked', s.recv(100).split(b'\\r\\n')[0].decode(), flush=True)",
+        ]
+    )
+    write_core_config(
+        repo,
+        agents={"boxed": {"command": ["python3", "-c", probe], "sandbox": _allowlist(allowed)}},
+        scheduler={"default_agent": "boxed"},
+    )
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        c.post("/tasks", {"id": "net", "title": "follow", "maxAttempts": 1})
+        c.post("/session/start", {"maxAgents": 1})
+        agent = wait_for(lambda: [a for a in c.get("/agents") if a["pid"]], timeout=30)[0]
+        log = Path(agent["runDir"]) / "output.log"
+        wait_for(lambda: "ready" in log.read_text(), timeout=30, message="the agent to be ready")
+        follower = subprocess.Popen(
+            [*GRIDCTL, "logs", "--follow", "net"],
+            cwd=repo,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert follower.stdout is not None
+            assert follower.stdout.readline() == "ready\n"  # following: its mark is taken
+            (Path(agent["worktreePath"]) / "ask").touch()
+            out, err = follower.communicate(timeout=60)
+        finally:
+            follower.kill()
+    assert "asked HTTP/1.1 403 Forbidden" in out, out
+    assert f"gridctl: sandbox refused network 127.0.0.1:{forbidden.port}\n" in err, err

@@ -1,4 +1,5 @@
-"""``gridctl logs``: an agent's output, printed raw, and followed live until the agent exits.
+"""``gridctl logs``: an agent's output, printed raw, and followed live until the agent exits
+(with what its sandbox refused it, on stderr).
 
 The stored output (``GET /agents/{id}/output``) and the live ``agent.output`` events carry
 the same per-agent ``seq``, consecutive from 1. Following takes the event log position
@@ -25,6 +26,8 @@ from gridd.model import Agent, AgentStatus
 #: Events that end an agent; ``logs --follow`` stops at the first one for its agent.
 EXIT_EVENTS = frozenset({"agent.completed", "agent.failed", "agent.stopped"})
 PAGE_SIZE = 1000
+#: What its sandbox refused the agent; ``logs --follow`` says it on stderr as it comes.
+DENIED = "agent.sandbox_denied"
 
 
 class OutputPrinter:
@@ -112,7 +115,7 @@ def _wait_for_spawn(client: GridClient, task_id: str, *, since: int) -> tuple[st
 
 
 def _follow(ctx: Context, printer: OutputPrinter, *, since: int) -> None:
-    types = frozenset({"agent.output", *EXIT_EVENTS})
+    types = frozenset({"agent.output", DENIED, *EXIT_EVENTS})
     for event in stream_events(printer.client, since=since, types=types, stop_at=None):
         data = event.data if isinstance(event.data, dict) else {}
         if event.type == "reset":
@@ -121,6 +124,10 @@ def _follow(ctx: Context, printer: OutputPrinter, *, since: int) -> None:
             continue
         elif event.type == "agent.output":
             printer.live(int(data["seq"]), str(data.get("chunk", "")))
+        elif event.type == DENIED:
+            held = int(data.get("unreported") or 0)
+            more = f" ({held} more refused before, unreported)" if held else ""
+            ctx.note(f"sandbox refused {data.get('kind')} {data.get('target')}{more}")
         elif event.type in EXIT_EVENTS:
             printer.catch_up()
             ctx.note(f"agent {printer.agent_id} exited ({event.type.removeprefix('agent.')})")

@@ -131,7 +131,7 @@ async function runUi(out) {
       }, "an agent for ask");
       agentId = s.agents.find((a) => a.taskId === "ask").id;
       await waitFor(async () => {
-        await view.getByText(`${agentId} (ask)`).first().click({ timeout: 2000 });
+        await view.locator('[aria-label^="agent of ask:"]').first().click({ timeout: 2000 }); // named by its task, not its run id
         return page.locator(".part.panel .view-lines", { hasText: "asking: Which color?" }).first().isVisible();
       }, "the output channel to show the agent's output", 20000, 500);
     });
@@ -223,7 +223,7 @@ async function runUi(out) {
     await run.step("Answer... takes typed text for a question with options", async () => {
       await api(sock, "POST", "/tasks", { id: "ask4", title: "Ask once more", agent: "asker" });
       await api(sock, "POST", "/tasks/ask4/start");
-      const toast = page.locator(".notification-toast", { hasText: "(ask4) asks: Which color?" }).first();
+      const toast = page.locator(".notification-toast", { hasText: "Ask once more (ask4) asks: Which color?" }).first(); // the task, not the agent's run id
       await toast.waitFor({ timeout: 20000 });
       await toast.getByRole("button", { name: "Answer…", exact: true }).click();
       const input = page.locator(".quick-input-widget input");
@@ -275,6 +275,7 @@ async function runUi(out) {
     });
 
     await run.step("a merge conflict that came back from its agent is marked in its row, with what gridd told the agent", async () => {
+      await view.getByText("every task settled").first().waitFor({ timeout: 10000 }); // the session's stop reason in words, not no_work
       const write = (text) => JSON.stringify({ write: { "clash.txt": text } });
       await api(sock, "POST", "/tasks", [
         { id: "c1", title: "Clash first", agent: "edit", prompt: write("line from c1\n") },

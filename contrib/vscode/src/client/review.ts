@@ -13,8 +13,8 @@ export interface Settled {
 }
 
 /** What a click on a stale question toast says: the true reason, never a guess. */
-export function settledMessage(q: Pick<Question, "question" | "agentId">, settled: Settled | undefined): string {
-  const what = `“${q.question}” (${q.agentId})`;
+export function settledMessage(q: Pick<Question, "question" | "taskId">, settled: Settled | undefined): string {
+  const what = `“${q.question}” (${q.taskId})`;
   if (settled?.how === "answered") return `${what} was already answered elsewhere.`;
   if (settled?.how === "closed") return `${what} is no longer asked: ${closedReason(settled.reason)}.`;
   return `${what} is no longer pending.`;
@@ -23,6 +23,25 @@ export function settledMessage(q: Pick<Question, "question" | "agentId">, settle
 /** question.closed's reason is a sentence ("the agent was stopped: session stopped"). */
 function closedReason(reason: string | undefined): string {
   return reason ? reason : "it was closed";
+}
+
+/** A task as a person names it: its title and id ("Add login (login)"), or the id alone. */
+export function taskName(state: Pick<RepoState, "tasks">, taskId: string): string {
+  const title = state.tasks.find((t) => t.id === taskId)?.title;
+  return title && title !== taskId ? `${title} (${taskId})` : taskId;
+}
+
+/** Why a session stopped, in words (the daemon's `stopReason` codes). */
+export function stopReasonText(reason: string): string {
+  const words: Record<string, string> = {
+    user: "stopped by hand",
+    budget_exhausted: "its budget ran out",
+    no_work: "every task settled",
+    stop_file: "a stop file asked for it",
+    shutdown: "the daemon was stopped with its agents",
+    error: "an error stopped it",
+  };
+  return words[reason] ?? reason.replace(/_/g, " ");
 }
 
 /** The answers a question's pick offers: what was typed first (free text), then the options. */

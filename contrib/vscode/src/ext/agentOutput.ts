@@ -24,12 +24,13 @@ export class AgentOutputs implements vscode.Disposable {
   private readonly subscriptions: vscode.Disposable[] = [];
   private readonly hooked = new Set<FolderConnection>();
 
-  /** Open (or reveal) the channel of `agentId` and keep it current. */
-  async follow(conn: FolderConnection, agentId: string): Promise<vscode.OutputChannel> {
+  /** Open (or reveal) the channel of `agentId` (a run of task `taskId`) and keep it current. */
+  async follow(conn: FolderConnection, agentId: string, taskId?: string): Promise<vscode.OutputChannel> {
     const key = `${conn.root}\0${agentId}`;
     let entry = this.followed.get(key);
     if (!entry) {
-      const channel = vscode.window.createOutputChannel(`gridd: ${agentId}`);
+      // Named by its task; the run's id tells two runs of one task apart.
+      const channel = vscode.window.createOutputChannel(taskId ? `gridd: ${taskId} (run ${agentId})` : `gridd: run ${agentId}`);
       const follower = new OutputFollower(
         (since) => conn.call<OutputPage>("GET", `/agents/${encodeURIComponent(agentId)}/output?since=${since}&limit=1000`),
         (text) => {

@@ -19,7 +19,7 @@ import { activeDiffTask, pickAndOpenDiff } from "./diff";
 import { guarded } from "./feedback";
 import { branches } from "./git";
 import type { Connections } from "./manager";
-import { cancelImpact, conflictMark, proposeBranch, reviewEditsNote, stopSessionImpact } from "../client/review";
+import { cancelImpact, conflictMark, proposeBranch, reviewEditsNote, stopSessionImpact, taskName } from "../client/review";
 import { answerQuestion, askFreeText } from "./questions";
 import { reviewEdits } from "./reviewing";
 import type { Node } from "./views";
@@ -111,7 +111,7 @@ export function registerCommands(ctx: vscode.ExtensionContext, conns: Connection
       return undefined;
     }
     const picked = await vscode.window.showQuickPick(
-      agents.map((agent) => ({ label: agent.id, description: `${agent.taskId} · ${agent.status}`, agent })),
+      agents.map((agent) => ({ label: taskName(conn.state, agent.taskId), description: agent.status, agent })),
       { placeHolder: `Agent to ${verb}` },
     );
     return picked ? { conn, agent: picked.agent } : undefined;
@@ -279,20 +279,20 @@ export function registerCommands(ctx: vscode.ExtensionContext, conns: Connection
   reg("gridd.followOutput", async (arg) => {
     const sel = await agentOf(arg, "follow");
     if (!sel) return undefined;
-    await outputs.follow(sel.conn, sel.agent.id);
+    await outputs.follow(sel.conn, sel.agent.id, sel.agent.taskId || undefined);
     return sel.agent.id;
   });
   reg("gridd.sendFollowUp", async (arg) => {
     const sel = await agentOf(arg, "message");
     if (!sel) return undefined;
-    const text = targetOf(arg).text ?? (await vscode.window.showInputBox({ title: `Message ${sel.agent.id}`, prompt: "Sent to the agent as its next input", ignoreFocusOut: true }));
+    const text = targetOf(arg).text ?? (await vscode.window.showInputBox({ title: `Message the agent working on ${taskName(sel.conn.state, sel.agent.taskId)}`, prompt: "Sent to the agent as its next input", ignoreFocusOut: true }));
     if (!text) return undefined;
     return guarded(sel.conn, () => sel.conn.call("POST", `/agents/${encodeURIComponent(sel.agent.id)}/respond`, { body: { response: text } }));
   });
   reg("gridd.killAgent", async (arg) => {
     const sel = await agentOf(arg, "kill");
     if (!sel) return undefined;
-    const ok = await vscode.window.showWarningMessage(`Kill ${sel.agent.id}? Its task becomes blocked.`, { modal: true }, "Kill");
+    const ok = await vscode.window.showWarningMessage(`Kill the agent working on ${taskName(sel.conn.state, sel.agent.taskId)}?`, { modal: true, detail: "Its task becomes blocked until you retry it." }, "Kill");
     if (ok !== "Kill") return undefined;
     return guarded(sel.conn, () => sel.conn.call("POST", `/agents/${encodeURIComponent(sel.agent.id)}/kill`));
   });
@@ -334,11 +334,11 @@ export function registerCommands(ctx: vscode.ExtensionContext, conns: Connection
         void vscode.window.showInformationMessage("gridd: no pending question.");
         return false;
       }
-      const picked = await vscode.window.showQuickPick(pending.map((x) => ({ label: x.question, description: `${x.agentId} · ${x.id}`, q: x })), { placeHolder: "Question to answer" });
+      const picked = await vscode.window.showQuickPick(pending.map((x) => ({ label: x.question, description: taskName(conn.state, x.taskId), q: x })), { placeHolder: "Question to answer" });
       q = picked?.q;
     }
     if (!q) return false;
-    const answer = targetOf(arg).text ?? (await askFreeText(q));
+    const answer = targetOf(arg).text ?? (await askFreeText(q, taskName(conn.state, q.taskId)));
     return answer === undefined ? false : answerQuestion(conn, q, answer);
   });
 }

@@ -8,7 +8,7 @@
 import * as vscode from "vscode";
 
 import { explain } from "../client/errors";
-import { answerChoices, settledMessage } from "../client/review";
+import { answerChoices, settledMessage, taskName } from "../client/review";
 import type { Question } from "../client/types";
 import type { FolderConnection } from "./connection";
 import { showError } from "./feedback";
@@ -48,13 +48,13 @@ export class QuestionPrompter implements vscode.Disposable {
   }
 
   private async prompt(conn: FolderConnection, q: Question): Promise<void> {
-    const choice = await vscode.window.showInformationMessage(`${q.agentId} (${q.taskId}) asks: ${q.question}`, ...q.options, FREE_TEXT);
+    const choice = await vscode.window.showInformationMessage(`${taskName(conn.state, q.taskId)} asks: ${q.question}`, ...q.options, FREE_TEXT);
     if (choice === undefined) return;
     if (!conn.state.pendingQuestions.some((p) => p.id === q.id)) {
       void vscode.window.showInformationMessage(`gridd: ${settledMessage(q, conn.store.settled.get(q.id))}`);
       return;
     }
-    const answer = choice === FREE_TEXT ? await askFreeText(q) : choice;
+    const answer = choice === FREE_TEXT ? await askFreeText(q, taskName(conn.state, q.taskId)) : choice;
     if (answer === undefined) return;
     await answerQuestion(conn, q, answer);
   }
@@ -64,14 +64,15 @@ export class QuestionPrompter implements vscode.Disposable {
   }
 }
 
-/** Ask for an answer: free text always, the question's options offered as suggestions. */
-export async function askFreeText(q: Question): Promise<string | undefined> {
+/** Ask for an answer: free text always, the question's options offered as suggestions.
+ * `asker`: the task whose agent asks, as a person names it. */
+export async function askFreeText(q: Question, asker: string): Promise<string | undefined> {
   if (!q.options.length) {
-    return vscode.window.showInputBox({ title: q.question, prompt: `answer ${q.agentId}`, ignoreFocusOut: true });
+    return vscode.window.showInputBox({ title: q.question, prompt: `The answer for ${asker}`, ignoreFocusOut: true });
   }
   const pick = vscode.window.createQuickPick();
   pick.title = q.question;
-  pick.placeholder = `Type an answer for ${q.agentId}, or pick one of its options`;
+  pick.placeholder = `Type an answer for ${asker}, or pick one of its options`;
   pick.ignoreFocusOut = true;
   const items = (typed: string): vscode.QuickPickItem[] =>
     answerChoices(q.options, typed).map((label) => (q.options.includes(label) ? { label } : { label, description: "your answer" }));
@@ -99,7 +100,7 @@ export async function askFreeText(q: Question): Promise<string | undefined> {
 export async function answerQuestion(conn: FolderConnection, q: Question, answer: string): Promise<boolean> {
   try {
     await conn.call("POST", `/questions/${encodeURIComponent(q.id)}/answer`, { body: { response: answer } });
-    vscode.window.setStatusBarMessage(`gridd: answered ${q.agentId}: “${answer}”`, 3000);
+    vscode.window.setStatusBarMessage(`gridd: answered ${taskName(conn.state, q.taskId)}: “${answer}”`, 3000);
     return true;
   } catch (error) {
     void showError(explain(error), conn);

@@ -9,7 +9,7 @@
 
 import * as vscode from "vscode";
 
-import { askedAboutMerge, conflictMark, newlyInReview, reviewEditsMode, type ReviewEdits } from "../client/review";
+import { askedAboutMerge, conflictMark, newlyInReview, reviewEditsMode, taskName, type ReviewEdits } from "../client/review";
 import type { GriddEvent } from "../client/types";
 import type { FolderConnection } from "./connection";
 
@@ -52,7 +52,7 @@ export class ReviewNotifier implements vscode.Disposable {
     const taskId = String(e.data["taskId"] ?? "");
     if (e.type === "task.merge_refused") {
       void vscode.window.showWarningMessage(
-        `gridd: the merge of ${taskId} was refused: conflict markers in ${files.join(", ")}. It is back in review; resolve them, or approve again to let them through.`,
+        `gridd: the merge of ${taskName(conn.state, taskId)} was refused: conflict markers in ${files.join(", ")}. It is back in review; resolve them, or approve again to let them through.`,
         "Diff",
       ).then((choice) => {
         if (choice) void vscode.commands.executeCommand("gridd.openDiff", { folder: conn.root, taskId, file: files[0] });
@@ -60,7 +60,7 @@ export class ReviewNotifier implements vscode.Disposable {
     } else if (e.type === "task.review_edits") {
       vscode.window.setStatusBarMessage(`gridd: your edits to ${files.join(", ")} were committed on ${taskId}'s branch as a review commit`, 8000);
     } else if (e.type === "task.merge_failed") {
-      void vscode.window.showErrorMessage(`gridd: the merge of ${taskId} failed: ${String(e.data["error"] ?? "")}`);
+      void vscode.window.showErrorMessage(`gridd: the merge of ${taskName(conn.state, taskId)} failed: ${String(e.data["error"] ?? "")}`);
     }
   }
 

@@ -9,7 +9,7 @@ import * as path from "node:path";
 
 import * as vscode from "vscode";
 
-import { agentsRow, askedAboutMerge, conflictMark, linkBanner, reviewEditsNote, type LinkBanner } from "../client/review";
+import { agentsRow, askedAboutMerge, conflictMark, linkBanner, reviewEditsNote, stopReasonText, taskName, type LinkBanner } from "../client/review";
 import type { Agent, Question, Task } from "../client/types";
 import type { FolderConnection } from "./connection";
 import type { Connections } from "./manager";
@@ -120,9 +120,12 @@ function renderLive(node: Node): vscode.TreeItem {
     }
     case "agent": {
       const a = node.agent;
-      const item = new vscode.TreeItem(`${a.id} (${a.taskId})`, None);
-      item.description = agentDescription(a);
-      item.tooltip = `${a.status}${a.activity ? ` · ${a.activity}` : ""}${a.message ? `\n${a.message}` : ""}\n${a.lastOutput ?? ""}`;
+      // Named by its task (what a person knows it by); the run's id only in the tooltip.
+      const item = new vscode.TreeItem(a.taskId, None);
+      const title = node.conn.store.task(a.taskId)?.title;
+      item.description = `${title && title !== a.taskId ? `${title} · ` : ""}${agentDescription(a)}`;
+      item.accessibilityInformation = { label: `agent of ${a.taskId}: ${item.description}` };
+      item.tooltip = `${taskName(node.conn.state, a.taskId)}, run ${a.id}\n${a.status}${a.activity ? ` · ${a.activity}` : ""}${a.message ? `\n${a.message}` : ""}\n${a.lastOutput ?? ""}`;
       item.iconPath = new vscode.ThemeIcon(a.status === "waiting" ? "question" : a.stalled ? "warning" : "hubot");
       item.contextValue = `agent.${a.status}`;
       item.command = { title: "Follow Output", command: "gridd.followOutput", arguments: [node] };
@@ -131,7 +134,7 @@ function renderLive(node: Node): vscode.TreeItem {
     case "question": {
       const q = node.question;
       const item = new vscode.TreeItem(q.question, None);
-      item.description = `${q.agentId} · ${q.taskId}${q.options.length ? ` · ${q.options.join(" / ")}` : ""}`;
+      item.description = `${q.taskId}${q.options.length ? ` · ${q.options.join(" / ")}` : ""}`;
       item.iconPath = new vscode.ThemeIcon("question");
       item.contextValue = "question";
       item.command = { title: "Answer", command: "gridd.answerQuestion", arguments: [node] };
@@ -262,7 +265,7 @@ export const buildSession: Build = (conn) => {
   if (s.started) {
     out.push(info(`session: ${s.featureBranch ?? "HEAD"}`, "running", "play-circle", { title: "Stop", command: "gridd.stopSession", arguments: [conn] }));
   } else {
-    out.push(info("session: stopped", s.stopReason ? `stop reason: ${s.stopReason}` : "start one from here", "debug-stop", { title: "Start", command: "gridd.startSession", arguments: [conn] }));
+    out.push(info("session: stopped", s.stopReason ? stopReasonText(s.stopReason) : "start one from here", "debug-stop", { title: "Start", command: "gridd.startSession", arguments: [conn] }));
   }
   out.push(info("agents", agentsRow(agents, s.maxAgents, s.started), "hubot"));
   const spent = s.spentUsd ?? 0;

@@ -13,6 +13,8 @@ import {
   reviewEditsMode,
   reviewEditsNote,
   settledMessage,
+  stopReasonText,
+  taskName,
   stopSessionImpact,
   type LinkFacts,
 } from "../../src/client/review";
@@ -38,11 +40,22 @@ test("a stale question toast says whether it was answered or closed, with the da
   store.apply({ id: 2, type: "question.answered", data: { questionId: "q1", agentId: "a1" } });
   store.apply({ id: 3, type: "question.closed", data: { questionId: "q2", agentId: "a2", reason: "the agent was stopped: session stopped" } });
   store.apply({ id: 4, type: "agent.stopped", data: { agentId: "a3" } });
-  const ask = { question: "colour?", agentId: "a1" };
+  const ask = { question: "colour?", taskId: "t" };
   assert.match(settledMessage(ask, store.settled.get("q1")), /already answered elsewhere/);
-  assert.equal(settledMessage(ask, store.settled.get("q2")), "“colour?” (a1) is no longer asked: the agent was stopped: session stopped.");
+  assert.equal(settledMessage(ask, store.settled.get("q2")), "“colour?” (t) is no longer asked: the agent was stopped: session stopped.");
   assert.match(settledMessage(ask, store.settled.get("q3")), /no longer asked: its agent ended/);
   assert.doesNotMatch(settledMessage(ask, store.settled.get("q2")), /answered/);
+});
+
+test("messages name a task by its title and id, and a session's stop reason in words, never internal codes", () => {
+  const state = { ...emptyState(), tasks: [task("login", "working", { title: "Add login" }), task("bare", "working")] };
+  assert.equal(taskName(state, "login"), "Add login (login)");
+  assert.equal(taskName(state, "bare"), "bare"); // its title is its id
+  assert.equal(taskName(state, "gone"), "gone");
+  assert.equal(stopReasonText("no_work"), "every task settled");
+  assert.equal(stopReasonText("budget_exhausted"), "its budget ran out");
+  assert.equal(stopReasonText("user"), "stopped by hand");
+  assert.equal(stopReasonText("some_new_reason"), "some new reason");
 });
 
 test("a task is marked for unresolved markers and for a conflict that came back, each file once", () => {

@@ -7,7 +7,10 @@ restart. The list is empty by default and nothing else reads it.
 
 Points: ``intent.recorded`` (a stop, kill, cancel or approval is persisted, not yet acted
 on); ``spawn.recorded`` (an agent is recorded, its process not yet started);
-``spawn.started`` (its process runs, its pid not yet recorded).
+``spawn.private_repo`` (a sandboxed run's own repository is made in its worktree, its
+process not yet started); ``spawn.started`` (its process runs, its pid not yet recorded);
+``finish.reclaimed`` (an ended sandboxed run's commits are on its task's branch, its own
+repository gone, nothing else of its finish done).
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ from pathlib import Path
 
 from gridd.errors import GriddError
 from gridd.events import EventBus
+from gridd.faults import crash_point
 from gridd.git.integrity import merge_head, own_worktree
+from gridd.git.private import PrivateRepos
 from gridd.git.unresolved import Unresolved
 from gridd.git.worktrees import Worktree, Worktrees
 from gridd.ids import kept_branch
@@ -65,10 +67,13 @@ class Finisher:
         roster: Roster,
         profiles: Mapping[str, AgentProfile],
         worktrees: Worktrees,
+        private: PrivateRepos,
         questions: QuestionBook,
         unresolved: Unresolved,
     ) -> None:
         self.settings = settings
+        #: A sandboxed run's own repository: its commits are brought back first.
+        self.private = private
         self.unresolved = unresolved
         self.state = state
         self.bus = bus
@@ -102,6 +107,7 @@ class Finisher:
         self.roster.release(agent.id)
         task = self.state.tasks.get(agent.task_id)
         if task is None:
+            await self._reclaim_or_log(agent)  # the worktree is left as a plain one
             self._settle(agent, status, run)
             return
         facts = self._facts(agent, task, status, run)
@@ -109,6 +115,7 @@ class Finisher:
         error: Exception | None = None
         for delay in (*FINISH_RETRY_DELAYS, None):
             try:
+                await self._reclaim(agent)
                 await self._apply(agent, task, facts, outcome, (status, run))
                 return
             except GriddError as exc:  # e.g. a git lock still held: wait and try again
@@ -131,6 +138,7 @@ class Finisher:
         so the task's next attempt (if any) starts afresh."""
         self.roster.release(agent.id)
         reason = self.state.agents[agent.id].stop_reason or "claim lost"
+        await self._reclaim_or_log(agent)  # its commits go where the rest of its work goes
         # Set aside before the run is settled, as a normal finish records its work first:
         # until then the agent is live, so its task cannot start again in this worktree.
         kept = await self.worktrees.set_aside(
@@ -150,6 +158,25 @@ class Finisher:
                 "keptBranch": kept,
             },
         )
+
+    async def _reclaim(self, agent: Agent) -> None:
+        """A sandboxed run's commits, from its own repository onto the task's branch, and
+        the worktree a plain one again (``git/private.py``), before anything is committed
+        there. A run whose history could not be brought back is said so; its files are
+        recorded all the same."""
+        reclaimed = await self.private.reclaim(Path(agent.worktree_path))
+        if reclaimed is not None and reclaimed.problem:
+            warning = f"the run's own commits were not brought back: {reclaimed.problem}"
+            log.warning("agent %s: %s", agent.id, warning)
+            self.bus.publish("agent.warning", {"agentId": agent.id, "warning": warning})
+        if reclaimed is not None:
+            crash_point(self.settings, "finish.reclaimed")
+
+    async def _reclaim_or_log(self, agent: Agent) -> None:
+        try:
+            await self._reclaim(agent)
+        except (GriddError, OSError) as exc:
+            log.error("agent %s: its own repository could not be reclaimed: %s", agent.id, exc)
 
     def _unrecorded(
         self, agent: Agent, status: ExitStatus, run: RunWatch, error: Exception | None

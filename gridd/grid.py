@@ -26,6 +26,7 @@ from gridd.git import radar
 from gridd.git.merge import MergeQueue, PauseSeam
 from gridd.git.on_conflict import ConflictPolicy
 from gridd.git.prepared import PreparedWorktrees
+from gridd.git.private import PrivateRepos
 from gridd.git.radar import Radar
 from gridd.git.unresolved import UNRESOLVED_QUESTION, Unresolved
 from gridd.git.worktrees import Worktrees
@@ -97,6 +98,8 @@ class Grid:
         self._shutdown_callback: Callable[[], None] | None = None
         self.state = GridState(store, self.bus)
         self.worktrees = Worktrees(workspace.root, workspace.worktrees_dir)
+        #: Sandboxed runs' own repositories in their worktrees (git/private.py).
+        self.private = PrivateRepos(self.worktrees)
         self.questions = QuestionBook(store=store, state=self.state, bus=self.bus)
         #: Starts, signals and reattaches agents: here or in boxes (runs/executors.py).
         self.executor: Executor = executor or build_executor(
@@ -108,6 +111,7 @@ class Grid:
             state=self.state,
             bus=self.bus,
             worktrees=self.worktrees,
+            private=self.private,
             background=self.background,
             questions=self.questions,
             executor=self.executor,
@@ -128,6 +132,7 @@ class Grid:
             roster=self.pool.roster,
             profiles=self.pool.profiles,
             worktrees=self.worktrees,
+            private=self.private,
             questions=self.questions,
             unresolved=self.unresolved,
         )
@@ -230,7 +235,13 @@ class Grid:
         beads = self._beads_on = self.beads.enabled()
         if beads:  # before recovery: a run reattached with its claim unanswered asks again
             self.pool.claimers[BEADS] = self.beads.claim
-        await recover(state=self.state, pool=self.pool, worktrees=self.worktrees, bus=self.bus)
+        await recover(
+            state=self.state,
+            pool=self.pool,
+            worktrees=self.worktrees,
+            private=self.private,
+            bus=self.bus,
+        )
         self.executor.start()
         if beads:
             self.scheduler.more_work_may_arrive = True

@@ -4,7 +4,10 @@ Agents whose shim survived are reattached (``AgentPool.reattach``; runs that end
 were down then finish normally from their ``exit.json``). Worktrees and tasks are checked
 against each other: a worktree no task owns is reported and kept (never deleted: it may
 hold uncommitted work); a task whose worktree vanished is reported, and the worktree is
-re-created from the task's branch when it next runs. Nothing here deletes data.
+re-created from the task's branch when it next runs. A sandboxed run's own repository left
+in a worktree no live run owns (a daemon died between making it and starting the run, or
+while finishing it) is reclaimed: its commits onto the task's branch, the worktree a plain
+one again (``git/private.py``). Nothing here deletes data.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 
 from gridd.errors import GriddError
 from gridd.events import EventBus
+from gridd.git.private import PrivateRepos
 from gridd.git.worktrees import Worktrees
 from gridd.lifecycle import move_task
 from gridd.model import TERMINAL_TASK_STATUSES, TaskStatus
@@ -25,14 +29,35 @@ log = logging.getLogger(__name__)
 
 
 async def recover(
-    *, state: GridState, pool: AgentPool, worktrees: Worktrees, bus: EventBus
+    *,
+    state: GridState,
+    pool: AgentPool,
+    worktrees: Worktrees,
+    private: PrivateRepos,
+    bus: EventBus,
 ) -> None:
     started = time.monotonic()
     live = state.live_agents()
     for agent in live:
         await pool.reattach(agent)
+    await _reclaim_left(state=state, private=private, busy={a.worktree_path for a in live})
     await _reconcile_worktrees(state=state, worktrees=worktrees, bus=bus)
     log.info("recovered %d agent(s) in %.3fs", len(live), time.monotonic() - started)
+
+
+async def _reclaim_left(*, state: GridState, private: PrivateRepos, busy: set[str]) -> None:
+    """Private repositories in the worktrees of tasks no live run works in (a live run's
+    finish reclaims its own)."""
+    for task in state.tasks.values():
+        if task.worktree is None or task.worktree in busy:
+            continue
+        path = Path(task.worktree)
+        try:
+            if private.holds(path):
+                log.info("reclaiming the run's repository left in %s", path)
+                await private.reclaim(path)
+        except (GriddError, OSError) as exc:
+            log.error("the run's repository in %s could not be reclaimed: %s", path, exc)
 
 
 async def _reconcile_worktrees(*, state: GridState, worktrees: Worktrees, bus: EventBus) -> None:

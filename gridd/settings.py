@@ -42,7 +42,15 @@ class DaemonSettings(_Section):
     shutdown_timeout_seconds: float = Field(
         default=3.0, gt=0, le=60, description="Grace for open connections at shutdown"
     )
-    crash_points: list[Literal["intent.recorded", "spawn.recorded", "spawn.started"]] = Field(
+    crash_points: list[
+        Literal[
+            "intent.recorded",
+            "spawn.recorded",
+            "spawn.private_repo",
+            "spawn.started",
+            "finish.reclaimed",
+        ]
+    ] = Field(
         default_factory=list,
         description="Testing only: kill the daemon (SIGKILL) when it reaches these steps",
     )

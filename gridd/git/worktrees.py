@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,11 +51,17 @@ class GitResult:
     err: str
 
 
-async def git(cwd: Path, *args: str, check: bool = True, timeout: float | None = None) -> GitResult:
+async def git(
+    cwd: Path,
+    *args: str,
+    check: bool = True,
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+) -> GitResult:
     """Run git in ``cwd``. With ``timeout``, a git still running after that many seconds
     is stopped with its whole process group (a filter or hook driver that hangs goes with
-    it) and ``GitTimeout`` is raised."""
-    return await _run(cwd, ("git", *args), check=check, timeout=timeout)
+    it) and ``GitTimeout`` is raised. ``env``: variables set for this call only."""
+    return await _run(cwd, ("git", *args), check=check, timeout=timeout, env=env)
 
 
 async def branch_tip(root: Path, branch: str, *, timeout: float | None = None) -> str | None:
@@ -110,9 +117,20 @@ def pinned_git_dir(cwd: Path) -> dict[str, str]:
 
 
 async def _run(
-    cwd: Path, argv: tuple[str, ...], *, check: bool, timeout: float | None = None
+    cwd: Path,
+    argv: tuple[str, ...],
+    *,
+    check: bool,
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> GitResult:
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", **pinned_git_dir(cwd)}
+    env = {
+        **os.environ,
+        "GIT_TERMINAL_PROMPT": "0",
+        "LC_ALL": "C",
+        **pinned_git_dir(cwd),
+        **(env or {}),
+    }
     proc = await asyncio.create_subprocess_exec(
         *argv,
         cwd=str(cwd),

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from gridd.background import Background
 from gridd.diskfault import DiskFault
 from gridd.events import EventBus
+from gridd.git.private import PrivateRepos
 from gridd.git.worktrees import Worktrees
 from gridd.model import Agent, Question
 from gridd.pool.context import PoolContext
@@ -51,6 +52,7 @@ class AgentPool:
         state: GridState,
         bus: EventBus,
         worktrees: Worktrees,
+        private: PrivateRepos,
         background: Background,
         questions: QuestionBook,
         executor: Executor,
@@ -92,7 +94,9 @@ class AgentPool:
         self.monitor = Monitor(
             ctx, reader=reader, stopper=self.stopper, talk=self.talk, wakeups=self.wakeups
         )
-        self.spawner = Spawner(ctx, worktrees=worktrees, monitor=self.monitor, environ=environ)
+        self.spawner = Spawner(
+            ctx, worktrees=worktrees, private=private, monitor=self.monitor, environ=environ
+        )
         self.reattacher = Reattacher(ctx, monitor=self.monitor)
         # The roster's tables, by their old names (the scheduler and commands read them).
         self.handles = self.roster.handles

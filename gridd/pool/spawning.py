@@ -23,6 +23,7 @@ from gridd.adapters.registry import get_adapter
 from gridd.errors import GriddError
 from gridd.faults import crash_point
 from gridd.git.prepared import PreparedWorktrees
+from gridd.git.private import PrivateRepos
 from gridd.git.worktrees import Worktree, Worktrees
 from gridd.ids import task_branch
 from gridd.lifecycle import move_agent, move_task
@@ -91,11 +92,14 @@ class Spawner:
         ctx: PoolContext,
         *,
         worktrees: Worktrees,
+        private: PrivateRepos,
         monitor: Monitor,
         environ: Mapping[str, str],
     ) -> None:
         self.ctx = ctx
         self.worktrees = worktrees
+        #: A ``workspace`` sandbox's run gets a repository of its own in its worktree.
+        self.private = private
         self.monitor = monitor
         self.environ = dict(environ)
         self.claimers: dict[str, Claimer] = {}
@@ -349,6 +353,11 @@ class Spawner:
         await self.ctx.state.store.durable()  # (a locked database: no run before its record)
         crash_point(self.ctx.settings, "spawn.recorded")
         try:
+            if sandbox is not None and sandbox.mode == "workspace" and executor == "local":
+                await self.private.make(worktree.path, agent_id=agent_id)
+                crash_point(self.ctx.settings, "spawn.private_repo")
+            else:  # an earlier run's repository, left by a daemon that died: its work first
+                await self.private.reclaim(worktree.path)
             handle = await self.ctx.executor.spawn(
                 Launch(
                     run_dir=run_dir,

@@ -2,6 +2,7 @@
 """An agent that points its worktree's ``.git`` file at a repository of its own, whose
 config names a file-system monitor hook (``core.fsmonitor``): any git that follows the
 file would run the hook. The hook writes MARKER. Then it does its own work and exits 0.
+A ``.git`` that is a directory (a sandboxed run's own repository) is removed first.
 
     gitfile_swap.py MARKER [SECONDS]
 
@@ -10,6 +11,7 @@ It lingers SECONDS (default 0) after the swap, while gridd's radar looks at the 
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
@@ -25,6 +27,8 @@ def main() -> int:
     hook.write_text(f"#!/bin/sh\necho ran >> {marker}\n")
     hook.chmod(0o755)
     subprocess.run(["git", "-C", str(evil), "config", "core.fsmonitor", str(hook)], check=True)
+    if (worktree / ".git").is_dir():
+        shutil.rmtree(worktree / ".git")
     (worktree / ".git").write_text(f"gitdir: {evil}/.git\n")
     (worktree / "work.txt").write_text("my work\n")
     print("swapped", flush=True)

@@ -1,0 +1,222 @@
+"""Git without the keys to the house: a sandboxed agent commits, branches and rebases in a
+repository of its own (``git/private.py``), gridd brings its branch back, and nothing it
+does with git reaches the user's repository, another task's worktree, or gridd's own git.
+
+Real daemon, real shims, real git, on this kernel's Landlock. Each attack of issue 24 is
+also run with the sandbox off (the control), where it succeeds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gridd.errors import DaemonUnreachable
+from gridd.git.private import MARKER, PrivateRepos
+from gridd.git.worktrees import Worktrees
+from gridd.runs import landlock
+from tests.helpers import (
+    agent_command,
+    core_daemon,
+    event_log,
+    git_show,
+    restartable_daemon,
+    wait_for,
+    wait_task_status,
+    write_core_config,
+)
+
+pytestmark = pytest.mark.skipif(landlock.abi_version() < 1, reason="this kernel offers no Landlock")
+
+ATTACKS = ("filter_driver", "orphan_main", "remove_worktree", "repoint")
+#: The victim: another task whose agent has work it has not committed yet.
+VICTIM = ["/bin/sh", "-c", "echo precious > unsaved.txt && exec sleep 600"]
+
+
+@pytest.fixture
+def outside() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="go") as d:
+        yield Path(d)
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def _subjects(repo: Path, rev_range: str) -> list[str]:
+    return _git(repo, "log", "--format=%s", rev_range).splitlines()
+
+
+def _attack(repo: Path, outside: Path, mode: str) -> tuple[dict[str, str], str]:
+    """The attacker beside the victim; its task approved and merged. What each attack came
+    to (the agent's word), and the marker written by any driver or hook gridd's git ran."""
+    marker = outside / "ran-in-the-daemon"
+    victim = repo / ".grid" / "worktrees" / "victim"
+    write_core_config(
+        repo,
+        agents={
+            "boxed": {
+                "command": agent_command("git_attacks.py", str(repo), str(victim), str(marker)),
+                "sandbox": {"mode": mode},
+            },
+            "plain": {"command": VICTIM},
+        },
+        scheduler={"default_agent": "boxed"},
+    )
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        c.post("/tasks", {"id": "victim", "title": "another task", "agent": "plain"})
+        c.post("/tasks", {"id": "boxed", "title": "git attacks", "maxAttempts": 1})
+        c.post("/session/start", {"featureBranch": "feature/box", "maxAgents": 2})
+        wait_task_status(c, "boxed", "review", timeout=90)
+        c.post("/tasks/boxed/approve")
+        wait_task_status(c, "boxed", "done", timeout=90)
+        attacks = json.loads(git_show(repo, "feature/box:attacks.json") or "{}")
+    return attacks, marker.read_text() if marker.exists() else ""
+
+
+def test_a_sandboxed_agent_commits_branches_and_rebases_while_every_git_attack_fails(
+    repo: Path, outside: Path
+) -> None:
+    main_before = _git(repo, "rev-parse", "main")
+    attacks, ran = _attack(repo, outside, "workspace")
+    assert attacks == dict.fromkeys(ATTACKS, "denied")
+    # its own history came back: its commits, rebased as it rebased them, then gridd's
+    # commit of what it left, all merged
+    assert _subjects(repo, "main..feature/box")[1:] == [
+        "gridd: boxed: git attacks",
+        "agent: attributes",
+        "agent: first",
+        "agent: side",
+    ]
+    assert _git(repo, "rev-parse", "main") == main_before
+    assert _git(repo, "status", "--porcelain", "--untracked-files=no") == ""  # the user's index
+    assert (repo / ".grid" / "worktrees" / "victim" / "unsaved.txt").read_text() == "precious\n"
+    assert ran == "", "a filter driver or hook the agent wrote ran in gridd's git"
+    assert "gridattack" not in (repo / ".git" / "config").read_text()
+    assert not [p for p in (repo / ".git" / "hooks").iterdir() if not p.name.endswith(".sample")]
+
+
+def test_without_the_sandbox_every_git_attack_succeeds(repo: Path, outside: Path) -> None:
+    """The control: the same agent, mode off, moves main, removes the other task's
+    worktree with its uncommitted work, and has its filter and hooks run by gridd."""
+    attacks, ran = _attack(repo, outside, "off")
+    assert attacks == dict.fromkeys(ATTACKS, "allowed")
+    assert _subjects(repo, "main") == ["orphan"]
+    assert not (repo / ".grid" / "worktrees" / "victim").exists()
+    assert {"filter", "hook"} <= set(ran.split())
+
+
+def _work(repo: Path, *, wait: bool = False, crash: str | None = None) -> None:
+    write_core_config(
+        repo,
+        agents={
+            "boxed": {
+                "command": agent_command("git_work.py", *(["wait"] if wait else [])),
+                "sandbox": {"mode": "workspace"},
+            }
+        },
+        scheduler={"default_agent": "boxed", "stop_when_idle": False},
+    )
+    if crash is not None:
+        with (repo / ".grid" / "config.toml").open("a") as fh:
+            fh.write(f'\n[daemon]\ncrash_points = ["{crash}"]\n')
+
+
+def _its_work_is_on_its_branch_once(repo: Path) -> None:
+    """The agent's two commits, then gridd's commit of the file it left; the worktree a
+    plain linked worktree again."""
+    assert _subjects(repo, "main..grid/w") == [
+        "gridd: w: work",
+        "agent: second",
+        "agent: first",
+    ]
+    assert git_show(repo, "grid/w:left.txt") == "left uncommitted\n"
+    worktree = repo / ".grid" / "worktrees" / "w"
+    assert (worktree / ".git").read_text() == f"gitdir: {repo / '.git' / 'worktrees' / 'w'}\n"
+    assert not (repo / ".git" / "worktrees" / "w" / MARKER).exists()
+
+
+def test_a_sandboxed_runs_commits_survive_a_daemon_killed_mid_run(repo: Path) -> None:
+    """kill -9 while the agent runs, between its two commits: the restarted daemon
+    reattaches it, and both commits reach the task's branch."""
+    _work(repo, wait=True)
+    with restartable_daemon(repo) as grid:
+        c = grid.client()
+        c.post("/tasks", {"id": "w", "title": "work", "maxAttempts": 1})
+        c.post("/session/start", {"maxAgents": 1})
+        (agent,) = wait_for(lambda: [a for a in c.get("/agents") if a["pid"]], timeout=30)
+        log = Path(agent["runDir"]) / "output.log"
+        wait_for(lambda: "waiting" in log.read_text(), timeout=30, message="the first commit")
+        grid.kill9()
+        grid.start()
+        (after,) = wait_for(lambda: [a for a in c.get("/agents") if a["pid"]], timeout=30)
+        assert after["pid"] == agent["pid"]
+        (repo / ".grid" / "worktrees" / "w" / "go").touch()
+        wait_task_status(c, "w", "review", timeout=60)
+    _its_work_is_on_its_branch_once(repo)
+
+
+@pytest.mark.parametrize("point", ["spawn.private_repo", "finish.reclaimed"])
+def test_a_daemon_killed_around_a_runs_own_repository_loses_nothing(
+    repo: Path, point: str
+) -> None:
+    """Killed with the run's repository made and its agent not started (the run is fenced
+    and the task runs again in a new one), or with the run's commits just brought back
+    and nothing else of its finish done (the finish is done again): either way the work
+    is on the branch once, and the worktree is a plain one."""
+    _work(repo, crash=point)
+    with restartable_daemon(repo) as grid:
+        c = grid.client()
+        c.post("/tasks", {"id": "w", "title": "work", "maxAttempts": 1})
+        with contextlib.suppress(DaemonUnreachable, httpx.TransportError):
+            c.post("/session/start", {"maxAgents": 1})
+        assert grid.daemon is not None
+        assert grid.daemon.proc.wait(60) is not None, "the daemon did not die at its crash point"
+        _work(repo)
+        grid.start()
+        task = wait_task_status(c, "w", "review", timeout=60)
+        assert task["attempts"] == 1
+        assert not [e for e in event_log(c) if e.type in ("agent.failed", "agent.warning")]
+    _its_work_is_on_its_branch_once(repo)
+
+
+async def test_a_conflict_the_agent_resolved_in_its_own_index_is_resolved_in_gridds(
+    repo: Path,
+) -> None:
+    """A run sent back with a merge in progress gets it in its own repository; files it
+    resolves and adds there (without committing) are resolved in gridd's index when its
+    repository is reclaimed, and the merge stays in progress for the finish to conclude."""
+    worktrees = Worktrees(repo, repo / ".grid" / "worktrees")
+    await worktrees.setup()
+    tree = await worktrees.create("t", None)
+    for where, text in ((tree.path, "task\n"), (repo, "main\n")):
+        (where / "both.txt").write_text(text)
+        _git(where, "add", "both.txt")
+        _git(where, "commit", "-q", "-m", f"both.txt: {text.strip()}")
+    merging = subprocess.run(
+        ["git", "-C", str(tree.path), "merge", "-q", "main"], capture_output=True, check=False
+    )
+    assert merging.returncode != 0, "the merge was meant to conflict"
+    private = PrivateRepos(worktrees)
+    await private.make(tree.path, agent_id="a-1")
+    status = _git(tree.path, "status", "--porcelain")  # as the agent's git finds it
+    assert status.startswith("AA both.txt"), status  # the merge, unresolved
+    (tree.path / "both.txt").write_text("task and main\n")
+    _git(tree.path, "add", "both.txt")
+    reclaimed = await private.reclaim(tree.path)
+    assert reclaimed is not None and reclaimed.problem == ""
+    assert _git(tree.path, "ls-files", "-u") == ""
+    assert (repo / ".git" / "worktrees" / "t" / "MERGE_HEAD").exists()
+    committed, _ = await worktrees.record(tree.path, "concluded")
+    assert committed
+    assert len(_git(tree.path, "log", "-1", "--format=%P").split()) == 2  # a merge commit

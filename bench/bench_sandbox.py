@@ -10,6 +10,13 @@ profiles, one at a time, each left to complete before the next: the clock
 runs from ``POST /tasks/{id}/start`` to that task's ``agent.spawned`` at an SSE client, as in
 ``bench_spawn``.
 
+A ``boxed`` spawn includes the run's own repository (``git/private.py``: made in its
+worktree's ``.git`` after the run is recorded, before its process starts). Its steps are
+also timed alone, in-process, on a repository of 200 files: making it, reclaiming it when
+the agent committed nothing (the finish's cost then) and when it made one commit (a fetch),
+with ``git clone --shared --no-checkout`` of the same repository beside them, the
+equivalent the in-process one stands for.
+
 Baseline: the ``open`` spawns. Target: the ``boxed`` median, and the ``fenced`` one, <= 1.2 x
 the ``open`` median.
 Skipped (no figures) on a kernel without Landlock.
@@ -17,11 +24,25 @@ Skipped (no figures) on a kernel without Landlock.
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from bench.bench_spawn import TRIVIAL_AGENT, EventTap, _of_task, agent_daemon, api
-from bench.common import Check, RawHTTP, latency_baseline, median, ms_summary, result
+from bench.common import (
+    Check,
+    RawHTTP,
+    latency_baseline,
+    median,
+    ms_summary,
+    result,
+    temp_repo,
+)
+from gridd.git.private import PrivateRepos
+from gridd.git.worktrees import Worktrees
 from gridd.runs import landlock
 
 NAME = "sandbox"
@@ -70,6 +91,49 @@ def _spawns(runs: int, *, network: bool) -> dict[str, list[float]]:
     return latencies
 
 
+def _git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True)
+
+
+async def _private_repo_steps(runs: int) -> dict[str, list[float]]:
+    """Seconds per step of a run's own repository, and per ``git clone --shared``."""
+    steps: dict[str, list[float]] = {"make": [], "reclaim": [], "reclaim_commit": [], "clone": []}
+    with temp_repo() as root:
+        for n in range(200):
+            (root / f"f{n}.txt").write_text(f"{n}\n")
+        _git(root, "add", ".")
+        _git(root, "-c", "user.name=bench", "-c", "user.email=b@x", "commit", "-q", "-m", "files")
+        worktrees = Worktrees(root, root / ".grid" / "worktrees")
+        await worktrees.setup()
+        tree = await worktrees.create("t1", None)
+        private = PrivateRepos(worktrees)
+        await private.make(tree.path, agent_id="warm-up")  # git init's config, asked once
+        await private.reclaim(tree.path)
+        for n in range(runs):
+            for step, commit in (("reclaim", False), ("reclaim_commit", True)):
+                started = time.perf_counter()
+                await private.make(tree.path, agent_id=f"b-{n}")
+                steps["make"].append(time.perf_counter() - started)
+                if commit:
+                    (tree.path / f"n{n}.txt").write_text("new\n")
+                    _git(tree.path, "add", f"n{n}.txt")
+                    who = ("-c", "user.name=bench", "-c", "user.email=b@x")
+                    _git(tree.path, *who, "commit", "-q", "-m", f"agent {n}")
+                started = time.perf_counter()
+                await private.reclaim(tree.path)
+                steps[step].append(time.perf_counter() - started)
+        with tempfile.TemporaryDirectory(prefix="gbclone") as d:
+            for n in range(runs):
+                started = time.perf_counter()
+                subprocess.run(
+                    ["git", "clone", "-q", "--shared", "--no-checkout", str(root), f"{d}/{n}"],
+                    check=True,
+                    capture_output=True,
+                )
+                steps["clone"].append(time.perf_counter() - started)
+    return steps
+
+
 def run(quick: bool) -> dict[str, Any]:
     runs = RUNS_QUICK if quick else RUNS
     abi = landlock.abi_version()
@@ -85,6 +149,7 @@ def run(quick: bool) -> dict[str, Any]:
             quick=quick,
         )
     spawns = _spawns(runs, network=abi >= landlock.NET_ABI)
+    steps = asyncio.run(_private_repo_steps(runs))
     open_ms = median(spawns["open"]) * 1000
     boxed_ms = median(spawns["boxed"]) * 1000
     ratio = boxed_ms / open_ms
@@ -123,10 +188,18 @@ def run(quick: bool) -> dict[str, Any]:
             "sandboxed_ms": ms_summary(spawns["boxed"]),
             "network_allowlist_ms": ms_summary(spawns["fenced"]) if fenced else None,
             "agent": TRIVIAL_AGENT,
+            "private_repo_make_ms": ms_summary(steps["make"]),
+            "private_repo_reclaim_nothing_new_ms": ms_summary(steps["reclaim"]),
+            "private_repo_reclaim_one_commit_ms": ms_summary(steps["reclaim_commit"]),
+            "git_clone_shared_no_checkout_ms": ms_summary(steps["clone"]),
         },
         quick=quick,
         summary=f"sandboxed median {boxed_ms:.1f} ms, unsandboxed {open_ms:.1f} ms;"
-        f" ratio {ratio:.2f}{fenced}",
+        f" ratio {ratio:.2f}{fenced}; the run's own repository: made in"
+        f" {median(steps['make']) * 1000:.1f} ms (git clone --shared:"
+        f" {median(steps['clone']) * 1000:.1f} ms), reclaimed in"
+        f" {median(steps['reclaim_commit']) * 1000:.1f} ms with a commit to fetch",
         notes="spawns go round the profiles, one at a time, each run left to complete; the"
-        " first of each is a warm-up and not counted",
+        " first of each is a warm-up and not counted. A sandboxed spawn makes the run's own"
+        " repository (git/private.py); its steps are timed alone in-process",
     )

@@ -167,9 +167,7 @@ def test_a_sandboxed_runs_commits_survive_a_daemon_killed_mid_run(repo: Path) ->
 
 
 @pytest.mark.parametrize("point", ["spawn.private_repo", "finish.reclaimed"])
-def test_a_daemon_killed_around_a_runs_own_repository_loses_nothing(
-    repo: Path, point: str
-) -> None:
+def test_a_daemon_killed_around_a_runs_own_repository_loses_nothing(repo: Path, point: str) -> None:
     """Killed with the run's repository made and its agent not started (the run is fenced
     and the task runs again in a new one), or with the run's commits just brought back
     and nothing else of its finish done (the finish is done again): either way the work

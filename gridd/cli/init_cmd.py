@@ -48,8 +48,9 @@ max_agents = 3
 # Its sandbox, enforced by the kernel (Linux Landlock; 'gridctl doctor' says whether this
 # machine has it): Claude writes only its worktree, a private TMPDIR and its own state
 # (~/.claude/, ~/.claude.json), and cannot read ~/.ssh, ~/.aws, ~/.gnupg, ~/.config/gh
-# nor .grid/. It cannot commit (gridd commits its work when it ends). With network =
-# "allowlist" it reaches only api.anthropic.com (allow_hosts), through a proxy gridd runs.
+# nor .grid/. It commits in a repository of its own (its branch comes back when it ends).
+# With network = "allowlist" it reaches only api.anthropic.com (allow_hosts), through a
+# proxy gridd runs.
 # [agents.claude.sandbox]
 # mode = "workspace"
 # network = "allowlist"

@@ -218,3 +218,30 @@ async def test_a_conflict_the_agent_resolved_in_its_own_index_is_resolved_in_gri
     committed, _ = await worktrees.record(tree.path, "concluded")
     assert committed
     assert len(_git(tree.path, "log", "-1", "--format=%P").split()) == 2  # a merge commit
+
+
+async def test_the_next_runs_repository_is_made_ahead_and_works_like_one_made_in_place(
+    repo: Path,
+) -> None:
+    """After a run's repository is made, a spare is prepared off the spawn's path and taken
+    by the next run (an earlier daemon's spare is never taken: it is replaced); a run in
+    it commits, and its commit comes back."""
+    worktrees = Worktrees(repo, repo / ".grid" / "worktrees")
+    await worktrees.setup()
+    tree = await worktrees.create("t", None)
+    private = PrivateRepos(worktrees)
+    private.spare.mkdir(parents=True)
+    (private.spare / "left-by-an-earlier-daemon").touch()
+    await private.make(tree.path, agent_id="a-1")
+    assert not (tree.path / ".git" / "left-by-an-earlier-daemon").exists()
+    await private.reclaim(tree.path)
+    await private.prepare()
+    assert sorted(p.name for p in private.spare.iterdir()) == ["config", "info", "objects", "refs"]
+    await private.make(tree.path, agent_id="a-2")
+    assert not private.spare.exists()  # taken
+    (tree.path / "mine.txt").write_text("mine\n")
+    _git(tree.path, "add", "mine.txt")
+    _git(tree.path, "commit", "-q", "-m", "agent: mine")
+    reclaimed = await private.reclaim(tree.path)
+    assert reclaimed is not None and reclaimed.tip == _git(repo, "rev-parse", "grid/t")
+    assert _subjects(repo, "main..grid/t") == ["agent: mine"]

@@ -11,8 +11,8 @@ repository's ignore rules, its identity (``user.name``, ``user.email``) and an `
 naming the repository. The agent's git finds it from its working directory: it commits,
 branches, rebases, writes config and hooks there, and none of it reaches the repository,
 another task's worktree, or gridd's git (which never follows a worktree's ``.git``:
-``worktrees.pinned_git_dir``). Built in-process, not by ``git clone``: a clone costs more
-than a whole spawn (docs/performance.md).
+``worktrees.pinned_git_dir``). Built in-process, not by ``git clone`` (a clone costs as
+much as a whole spawn, docs/performance.md), from a spare made ahead (``prepare``).
 
 ``reclaim`` brings the run's work back, once it has ended (the finish, a start, recovery):
 
@@ -38,6 +38,7 @@ it, and the finish refuses the worktree (``integrity.own_worktree``).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -73,6 +74,9 @@ SAFE_FETCH = (
 #: no ``.git`` file followed), no hooks, no file-system monitor.
 UPLOAD_PACK = "git -c core.hooksPath=/dev/null -c core.fsmonitor=false upload-pack --strict"
 FETCH_TIMEOUT_SECONDS = 300.0
+#: The spare run's repository, in ``.grid/`` (``PrivateRepos.prepare``).
+SPARE = "private-spare"
+PACKED_REFS_HEADER = "# pack-refs with: peeled fully-peeled sorted \n"
 _OBJECT_ID = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
 
 
@@ -120,10 +124,13 @@ def _read_small(path: Path, limit: int = 4096) -> str:
         os.close(fd)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def _skeleton(repo: Path, *, config: str, common: Path) -> None:
+    """What every run's repository has alike: its directories (no more than git needs),
+    its config, and the repository's object store as its alternate."""
+    for sub in ("objects/info", "refs", "info"):
+        os.makedirs(repo / sub)
+    (repo / "config").write_text(config)
+    (repo / "objects" / "info" / "alternates").write_text(f"{common / 'objects'}\n")
 
 
 class PrivateRepos:
@@ -134,9 +141,15 @@ class PrivateRepos:
     ) -> None:
         self.worktrees = worktrees
         self.fetch_timeout = fetch_timeout
+        #: A run's repository as every run's begins (directories, config, alternates), made
+        #: ahead of need (``prepare``), as a spare shim is: taken by one ``make``.
+        self.spare = worktrees.dir.parent / SPARE
+        self._spare_ready = False
+        self._preparing = False
         #: ``git init``'s config for this repository's object format, with the repository's
         #: identity: asked of git once.
         self._config: str | None = None
+        self._common: Path | None = None
 
     def holds(self, path: Path) -> bool:
         """The worktree's ``.git`` is (or was, until reclaimed) a run's repository."""
@@ -155,21 +168,20 @@ class PrivateRepos:
         if (admin / MARKER).exists():
             await self.reclaim(path)
         config = await self._config_text()
-        common = _common_dir(admin)
+        common = self._common = _common_dir(admin)
         head = (admin / "HEAD").read_text().strip()
         ref = head[len("ref: ") :] if head.startswith("ref: ") else ""
         tip = await self._tip(path, common, ref) if ref else _object_id(head)
         gitfile = _read_small(path / ".git")
-        _write_atomic(admin / MARKER, json.dumps({"agent": agent_id, "gitfile": gitfile}))
+        # Written in place, not renamed into it: one file system operation fewer on the
+        # spawn's path; a torn marker still says a run's repository is there (``reclaim``).
+        (admin / MARKER).write_text(json.dumps({"agent": agent_id, "gitfile": gitfile}))
         repo = path / ".git"
         os.unlink(repo)
-        for sub in ("objects/info", "objects/pack", "refs/heads", "refs/tags", "info"):
-            os.makedirs(repo / sub, exist_ok=True)
-        (repo / "config").write_text(config)
-        (repo / "objects" / "info" / "alternates").write_text(f"{common / 'objects'}\n")
-        if ref:
-            (repo / ref).parent.mkdir(parents=True, exist_ok=True)
-            (repo / ref).write_text(f"{tip}\n")
+        if not self._take_spare(repo):
+            _skeleton(repo, config=config, common=common)
+        if ref:  # packed: no directories to make for it
+            (repo / "packed-refs").write_text(f"{PACKED_REFS_HEADER}{tip} {ref}\n")
             (repo / "HEAD").write_text(f"ref: {ref}\n")
         else:
             (repo / "HEAD").write_text(f"{tip}\n")
@@ -181,6 +193,41 @@ class PrivateRepos:
                 shutil.copyfile(source, target)
             except FileNotFoundError:
                 continue
+
+    def _take_spare(self, repo: Path) -> bool:
+        if not self._spare_ready:
+            return False
+        self._spare_ready = False
+        try:
+            os.rename(self.spare, repo)
+        except OSError:
+            return False
+        return True
+
+    async def prepare(self) -> None:
+        """Make the spare for the next ``make``, off a spawn's path (once one ``make`` has
+        learnt the repository: its config and object store)."""
+        config, common = self._config, self._common
+        if self._spare_ready or self._preparing or config is None or common is None:
+            return
+        spare = self.spare
+
+        def build() -> None:
+            made = spare.with_name(f"{spare.name}.new")
+            shutil.rmtree(made, ignore_errors=True)
+            _skeleton(made, config=config, common=common)
+            shutil.rmtree(spare, ignore_errors=True)  # an earlier daemon's, or a torn one
+            os.rename(made, spare)
+
+        self._preparing = True
+        try:
+            await asyncio.to_thread(build)
+        except OSError as exc:  # the next run's repository is made in its place instead
+            log.warning("could not make a spare run's repository in %s: %s", spare, exc)
+            return
+        finally:
+            self._preparing = False
+        self._spare_ready = True
 
     async def reclaim(self, path: Path) -> Reclaimed | None:
         """Bring a run's work back from its repository in the worktree at ``path``, and put
@@ -230,11 +277,8 @@ class PrivateRepos:
         """Step 1: the run's branch into the repository's objects (``FETCH_HEAD``)."""
         if not ref:
             return Reclaimed(None, "the worktree is on no branch: nothing fetched")
-        try:  # read, never followed: a loose ref outranks a packed one
-            if _object_id(_read_small(repo / ref)) == old:
-                return Reclaimed(old)  # no commit of its own on the branch
-        except OSError:
-            pass
+        if _ref_of(repo, ref) == old:
+            return Reclaimed(old)  # no commit of its own on the branch
         try:
             res = await git(
                 path,
@@ -332,6 +376,24 @@ class PrivateRepos:
                 )
             self._config = text
         return self._config
+
+
+def _ref_of(repo: Path, ref: str) -> str:
+    """The commit a run's repository names for ``ref`` as far as its files say ("" when
+    they do not): its loose ref, which outranks a packed one, else its ``packed-refs``."""
+    try:
+        return _object_id(_read_small(repo / ref))
+    except OSError:
+        pass
+    try:
+        packed = _read_small(repo / "packed-refs", limit=1 << 16)
+    except OSError:
+        return ""
+    for line in packed.splitlines():
+        sha, _, name = line.partition(" ")
+        if name == ref:
+            return _object_id(sha)
+    return ""
 
 
 def _merge_head(git_dir: Path) -> str:

@@ -416,6 +416,8 @@ class Spawner:
         )
         self.ctx.state.touch()
         self.monitor.spawn(agent_id)
+        if sandbox is not None and sandbox.mode == "workspace" and executor == "local":
+            self.ctx.background.spawn("private-spare", self.private.prepare())
         if claim is not None:
             await self._own(task_id, agent_id, worktree, claim)
         opening = adapter.initial_input(prompt)

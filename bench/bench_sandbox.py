@@ -12,7 +12,8 @@ runs from ``POST /tasks/{id}/start`` to that task's ``agent.spawned`` at an SSE 
 
 A ``boxed`` spawn includes the run's own repository (``git/private.py``: made in its
 worktree's ``.git`` after the run is recorded, before its process starts). Its steps are
-also timed alone, in-process, on a repository of 200 files: making it, reclaiming it when
+also timed alone, in-process, on a repository of 200 files: making it (from the spare made
+ahead, as the daemon does), reclaiming it when
 the agent committed nothing (the finish's cost then) and when it made one commit (a fetch),
 with ``git clone --shared --no-checkout`` of the same repository beside them, the
 equivalent the in-process one stands for.
@@ -122,6 +123,7 @@ async def _private_repo_steps(runs: int) -> dict[str, list[float]]:
                 started = time.perf_counter()
                 await private.reclaim(tree.path)
                 steps[step].append(time.perf_counter() - started)
+                await private.prepare()  # the next one's spare, as the daemon makes it
         with tempfile.TemporaryDirectory(prefix="gbclone") as d:
             for n in range(runs):
                 started = time.perf_counter()

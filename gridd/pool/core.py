@@ -67,7 +67,7 @@ class AgentPool:
         self.roster.restore_backoffs(list(state.tasks.values()))
         self.bus = bus
         #: Each sandboxed run's filtering proxy (``network = "allowlist"``).
-        self.egress = EgressProxies(self._sandbox_denied)
+        self.egress = EgressProxies(self._sandbox_denied, spawn=background.spawn)
         ctx = PoolContext(
             workspace=workspace,
             settings=settings,

@@ -24,11 +24,11 @@ fail, and the restarted daemon opens the proxy of each live run again on the por
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 log = logging.getLogger(__name__)
@@ -37,8 +37,8 @@ log = logging.getLogger(__name__)
 #: timeout; the upstream connection must be made within the same.
 HEAD_LIMIT = 16 * 1024
 TIMEOUT_SECONDS = 10.0
-#: Bytes moved per read through an allowed connection.
-CHUNK = 256 * 1024
+#: Bytes read at once from either end of an allowed connection.
+BUFFER = 256 * 1024
 #: A host listed without a port: HTTPS and HTTP.
 DEFAULT_PORTS = (443, 80)
 LOOPBACK = "127.0.0.1"
@@ -125,22 +125,220 @@ class DenialLimit:
 #: ``on_denied(run, target, held)``: ``target`` is ``host:port``; ``held``, how many
 #: refusals of this run went unreported before this one (``DenialLimit``).
 OnDenied = Callable[[str, str, int], None]
+#: Starts a named background task (``Background.spawn``): a connection to make upstream.
+Spawn = Callable[[str, Coroutine[Any, Any, None]], "asyncio.Task[Any]"]
+
+
+class BadRequest(ValueError):
+    """A request's head the proxy cannot serve (answered ``400``)."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a request's head asks the proxy for."""
+
+    host: str
+    port: int
+    #: ``CONNECT``: a tunnel, answered ``200`` once the server is reached.
+    tunnel: bool
+    #: What goes to the server first: for a plain-HTTP request, its head in origin form
+    #: (``GET /path``), without the ``Proxy-*`` headers; nothing for a tunnel.
+    forward: bytes = b""
+
+    @property
+    def target(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_head(head: bytes) -> Request:
+    """The request a head (request line and headers, up to the blank line) makes."""
+    line, _, headers = head.partition(b"\r\n")
+    method, target, version = [*line.decode("latin-1").split(" "), "", ""][:3]
+    if method.upper() == "CONNECT":
+        host, port = split_host_port(target)
+        if port is None or not host:
+            raise BadRequest(f"no host:port in {target!r}")
+        return Request(host=host, port=port, tunnel=True)
+    url = urlsplit(target)
+    if url.scheme != "http" or not url.hostname:
+        raise BadRequest("the proxy takes CONNECT, or a request for http://")
+    try:
+        port = url.port or 80
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+    origin = f"{method} {url.path or '/'}{'?' + url.query if url.query else ''} {version}"
+    kept = [h for h in headers.split(b"\r\n") if not h.lower().startswith(b"proxy-")]
+    forward = origin.encode("latin-1") + b"\r\n" + b"\r\n".join(kept)
+    return Request(host=url.hostname.lower(), port=port, tunnel=False, forward=forward)
+
+
+def answer(status: int, text: str) -> bytes:
+    """A whole HTTP answer from the proxy itself."""
+    reason = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway"}[status]
+    body = (text + "\n").encode()
+    return (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
+        + body
+    )
+
+
+class _End(asyncio.BufferedProtocol):
+    """One end of a relayed connection: what it receives goes to its peer as it comes, with
+    the transports' flow control (a peer that cannot take more pauses our reading). Read
+    into a buffer of its own, reused: no new object per read (a transport's ``write``
+    keeps a copy of what it could not send at once)."""
+
+    def __init__(self, proxy: RunProxy, peer: _End | None = None) -> None:
+        self.proxy = proxy
+        self.peer = peer
+        self.transport: asyncio.Transport | None = None
+        self.ended = False  # the other side sent EOF
+        self.buffer = memoryview(bytearray(BUFFER))
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self.buffer[:nbytes])
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.proxy.transports.add(self.transport)
+        if self.peer is not None:  # the server's end: quiet until the client is answered
+            self.peer.peer = self
+            self.transport.pause_reading()
+
+    def data_received(self, data: memoryview) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.write(data)
+
+    def eof_received(self) -> bool:
+        self.ended = True
+        peer = self.peer.transport if self.peer is not None else None
+        if peer is None or peer.is_closing() or self.peer is None or self.peer.ended:
+            self._close()
+            return False
+        if peer.can_write_eof():
+            peer.write_eof()  # half-closed: the other way may still be talking
+            return True
+        return False
+
+    def pause_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.proxy.transports.discard(self.transport)
+        self._close()
+
+    def _close(self) -> None:
+        """Close both ends, each once what it has to send is sent."""
+        for end in (self, self.peer):
+            if end is not None and end.transport is not None:
+                end.transport.close()
+
+
+class _Client(_End):
+    """The agent's end: its request's head first, then the decision, then the relay."""
+
+    def __init__(self, proxy: RunProxy) -> None:
+        super().__init__(proxy)
+        self.head = bytearray()
+        self.deciding = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.timer = asyncio.get_running_loop().call_later(TIMEOUT_SECONDS, self._too_slow)
+
+    def data_received(self, data: memoryview) -> None:
+        if self.deciding:
+            super().data_received(data)
+            return
+        self.head += data
+        end = self.head.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.head) > HEAD_LIMIT:
+                self._refuse(400, "the request's head is too long")
+            return
+        self.deciding = True
+        assert self.transport is not None
+        self.transport.pause_reading()  # until the server is reached
+        if self.timer is not None:
+            self.timer.cancel()
+        head, rest = bytes(self.head[: end + 4]), bytes(self.head[end + 4 :])
+        self.proxy.spawn(f"egress:{self.proxy.run}", self._relay(head, rest))
+
+    def eof_received(self) -> bool:
+        if not self.deciding:
+            return False  # gone before it asked for anything: close
+        return super().eof_received()
+
+    def _too_slow(self) -> None:
+        if not self.deciding and self.transport is not None:
+            self.transport.abort()
+
+    def _refuse(self, status: int, text: str) -> None:
+        if self.transport is not None:
+            self.transport.write(answer(status, text))
+            self.transport.close()
+
+    async def _relay(self, head: bytes, rest: bytes) -> None:
+        """Decide; reach the server of an allowed request, then let both ways flow."""
+        try:
+            request = parse_head(head)
+        except BadRequest as exc:
+            self._refuse(400, str(exc))
+            return
+        if not allowed(request.host, request.port, self.proxy.rules):
+            self.proxy.on_denied(request.target)
+            self._refuse(403, f"gridd sandbox: {request.target} is not in this run's allow_hosts")
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(
+                loop.create_connection(
+                    lambda: _End(self.proxy, peer=self), request.host, request.port
+                ),
+                TIMEOUT_SECONDS,
+            )
+        except (OSError, TimeoutError) as exc:
+            self._refuse(502, f"gridd sandbox proxy: {request.target}: {exc}")
+            return
+        server = self.peer.transport if self.peer is not None else None
+        if server is None or self.transport is None or self.transport.is_closing():
+            self._close()  # the agent hung up meanwhile
+            return
+        if request.tunnel:
+            self.transport.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        server.write(request.forward + rest)
+        server.resume_reading()
+        self.transport.resume_reading()
 
 
 class RunProxy:
     """The proxy of one run: a listener on loopback, allowing ``rules`` only."""
 
-    def __init__(self, run: str, rules: list[HostRule], on_denied: Callable[[str], None]):
+    def __init__(
+        self, run: str, rules: list[HostRule], *, on_denied: Callable[[str], None], spawn: Spawn
+    ) -> None:
         self.run = run
         self.rules = rules
         self.on_denied = on_denied
+        self.spawn = spawn
         self.server: asyncio.Server | None = None
         self.port = 0
-        self._writers: set[asyncio.StreamWriter] = set()
+        self.transports: set[asyncio.Transport] = set()
 
     async def start(self, port: int = 0) -> int:
-        self.server = await asyncio.start_server(
-            self._serve, LOOPBACK, port, limit=HEAD_LIMIT, reuse_address=True
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(
+            lambda: _Client(self), LOOPBACK, port, reuse_address=True
         )
         self.port = int(self.server.sockets[0].getsockname()[1])
         return self.port
@@ -148,108 +346,31 @@ class RunProxy:
     def close(self) -> None:
         if self.server is not None:
             self.server.close()
-        for writer in list(self._writers):
-            writer.transport.abort()
-        self._writers.clear()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._writers.add(writer)
-        upstream: asyncio.StreamWriter | None = None
-        try:
-            upstream = await self._open(reader, writer)
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
-            pass
-        finally:
-            if upstream is None:
-                self._writers.discard(writer)
-                writer.transport.abort()
-
-    async def _open(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> asyncio.StreamWriter | None:
-        """Read the request's head, decide, and pipe an allowed one both ways to its end."""
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT_SECONDS)
-        line, _, headers = head.partition(b"\r\n")
-        method, target, version = [*line.decode("latin-1").split(" "), "", ""][:3]
-        tunnel = method.upper() == "CONNECT"
-        if tunnel:
-            host, port = split_host_port(target)
-        else:
-            url = urlsplit(target)
-            if url.scheme != "http" or not url.hostname:
-                await _answer(writer, 400, "the proxy takes CONNECT, or a request for http://")
-                return None
-            host, port = url.hostname, url.port or 80
-        if port is None or not host:
-            await _answer(writer, 400, f"no host:port in {target!r}")
-            return None
-        spelled = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        if not allowed(host, port, self.rules):
-            self.on_denied(spelled)
-            await _answer(writer, 403, f"gridd sandbox: {spelled} is not in this run's allow_hosts")
-            return None
-        try:
-            up_reader, up_writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port, limit=CHUNK), TIMEOUT_SECONDS
-            )
-        except (OSError, TimeoutError) as exc:
-            await _answer(writer, 502, f"gridd sandbox proxy: {spelled}: {exc}")
-            return None
-        self._writers.add(up_writer)
-        if tunnel:
-            writer.write(f"{version or 'HTTP/1.1'} 200 Connection established\r\n\r\n".encode())
-        else:
-            path = url.path or "/"
-            origin = f"{method} {path}{'?' + url.query if url.query else ''} {version}"
-            kept = [h for h in headers.split(b"\r\n") if not h.lower().startswith(b"proxy-")]
-            up_writer.write(origin.encode("latin-1") + b"\r\n" + b"\r\n".join(kept))
-        try:
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
-        finally:
-            for end in (writer, up_writer):
-                self._writers.discard(end)
-                end.transport.abort()
-        return up_writer
-
-
-async def _answer(writer: asyncio.StreamWriter, status: int, text: str) -> None:
-    reason = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway"}[status]
-    body = (text + "\n").encode()
-    writer.write(
-        f"HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
-        + body
-    )
-    with contextlib.suppress(OSError):
-        await writer.drain()
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Copy until EOF, then half-close: the other way may still be talking."""
-    try:
-        while data := await reader.read(CHUNK):
-            writer.write(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-    except OSError:
-        writer.transport.abort()
+        for transport in list(self.transports):
+            transport.abort()
+        self.transports.clear()
 
 
 class EgressProxies:
     """The proxies of this daemon's runs, by run (agent id)."""
 
-    def __init__(self, on_denied: OnDenied, *, limit: DenialLimit | None = None) -> None:
+    def __init__(
+        self, on_denied: OnDenied, *, spawn: Spawn | None = None, limit: DenialLimit | None = None
+    ) -> None:
         self.on_denied = on_denied
+        self.spawn = spawn or self._spawn
         self.limit = limit or DenialLimit()
         self.proxies: dict[str, RunProxy] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     async def open(self, run: str, hosts: Iterable[str], *, port: int = 0) -> int:
         """Start the proxy of ``run`` (again, after a restart: on its ``port``) and return
         its port. Raises ``OSError`` when that port cannot be had."""
         self.close(run)
         rules = [HostRule.parse(h) for h in hosts]
-        proxy = RunProxy(run, rules, lambda target: self._denied(run, target))
+        proxy = RunProxy(
+            run, rules, on_denied=lambda target: self._denied(run, target), spawn=self.spawn
+        )
         await proxy.start(port)
         self.proxies[run] = proxy
         return proxy.port
@@ -263,6 +384,13 @@ class EgressProxies:
     def close_all(self) -> None:
         for run in list(self.proxies):
             self.close(run)
+
+    def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[Any]:
+        """Without a ``Background`` (a benchmark): a task held until it is done."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     def _denied(self, run: str, target: str) -> None:
         log.info("sandbox: run %s may not reach %s", run, target)

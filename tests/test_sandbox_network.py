@@ -281,7 +281,8 @@ def test_a_restarted_daemon_opens_a_running_agents_proxy_again_on_its_port(
 
 def test_the_proxy_decides_by_the_name_and_port_the_agent_asked_for() -> None:
     """The decision alone: a host listed without a port is HTTPS and HTTP; ``*.`` is its
-    subdomains, not itself; an address is not the name that resolves to it."""
+    subdomains, not itself; an address is not the name that resolves to it. A plain-HTTP
+    request goes on in origin form, without its ``Proxy-*`` headers."""
     rules = [
         egress.HostRule.parse(h)
         for h in ("api.anthropic.com", "*.pypi.org", "[::1]:8080", "10.0.0.1:22")
@@ -295,6 +296,22 @@ def test_the_proxy_decides_by_the_name_and_port_the_agent_asked_for() -> None:
     assert egress.allowed("::1", 8080, rules)
     assert egress.allowed("10.0.0.1", 22, rules)
     assert not egress.allowed("10.0.0.1", 443, rules)
+    tunnel = egress.parse_head(b"CONNECT [::1]:8080 HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert (tunnel.host, tunnel.port, tunnel.tunnel, tunnel.target) == (
+        "::1",
+        8080,
+        True,
+        "[::1]:8080",
+    )
+    plain = egress.parse_head(
+        b"GET http://Example.com/a?b=1 HTTP/1.1\r\nHost: example.com\r\n"
+        b"Proxy-Authorization: Basic eA==\r\n\r\n"
+    )
+    assert (plain.host, plain.port, plain.tunnel) == ("example.com", 80, False)
+    assert plain.forward == b"GET /a?b=1 HTTP/1.1\r\nHost: example.com\r\n\r\n"
+    for bad in (b"GET /relative HTTP/1.1\r\n\r\n", b"CONNECT nohost HTTP/1.1\r\n\r\n"):
+        with pytest.raises(egress.BadRequest):
+            egress.parse_head(bad)
     limit = egress.DenialLimit(burst=2, window=60)
     assert [limit.take("a", now=t) for t in (0, 1, 2, 3)] == [0, 0, None, None]
     assert limit.take("a", now=61) == 2  # the two held back, said with the next one

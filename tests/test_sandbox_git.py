@@ -22,6 +22,7 @@ from gridd.errors import DaemonUnreachable
 from gridd.git.private import MARKER, PrivateRepos
 from gridd.git.worktrees import Worktrees
 from gridd.runs import landlock
+from tests.anthropic_standin import standin, tool
 from tests.helpers import (
     agent_command,
     core_daemon,
@@ -32,6 +33,8 @@ from tests.helpers import (
     wait_task_status,
     write_core_config,
 )
+from tests.real_cli import agent_of
+from tests.test_claude_real import CLAUDE, claude_profile
 
 pytestmark = pytest.mark.skipif(landlock.abi_version() < 1, reason="this kernel offers no Landlock")
 
@@ -245,3 +248,42 @@ async def test_the_next_runs_repository_is_made_ahead_and_works_like_one_made_in
     reclaimed = await private.reclaim(tree.path)
     assert reclaimed is not None and reclaimed.tip == _git(repo, "rev-parse", "grid/t")
     assert _subjects(repo, "main..grid/t") == ["agent: mine"]
+
+
+@pytest.mark.skipif(
+    not CLAUDE.exists(), reason="run tests/tools/install-claude.sh (make test does)"
+)
+@pytest.mark.timeout(180)
+def test_the_real_claude_cli_commits_with_bash_inside_the_sandbox(
+    repo: Path, tmp_path: Path
+) -> None:
+    """The pinned Claude Code CLI, sandboxed (its network the API's stand-in only), writes
+    a file and commits it with Bash's git; the commit, with its message, reaches the
+    task's branch."""
+    home = tmp_path / "home"
+    home.mkdir()
+    with standin() as api:
+        profile = claude_profile(api, home, allowed_tools=["Bash", "Write"])
+        profile["sandbox"] = {
+            "mode": "workspace",
+            "network": "allowlist",
+            "allow_hosts": [api.url.removeprefix("http://")],
+        }
+        write_core_config(repo, agents={"claude": profile}, scheduler={"default_agent": "claude"})
+        worktree = repo / ".grid" / "worktrees" / "box"
+        commit = "git add hello.txt && git commit -q -m 'claude: hello' && git log -1 --format=%s"
+        api.push(
+            tool("Write", {"file_path": str(worktree / "hello.txt"), "content": "hello\n"}),
+            tool("Bash", {"command": commit, "description": "commit the work"}),
+        )
+        with core_daemon(repo) as daemon:
+            c = daemon.client()
+            c.post("/tasks", {"id": "box", "title": "box", "prompt": "do the task"})
+            c.post("/session/start", {"featureBranch": "feature/claude"})
+            task = wait_task_status(c, "box", "review", timeout=120)
+            agent = agent_of(c, "box")
+        _, bash = api.tool_results()
+    assert agent["exitCode"] == 0, agent
+    assert "claude: hello" in str(bash["content"]), bash
+    assert task["changedFiles"] == ["hello.txt"]
+    assert _subjects(repo, "main..grid/box") == ["claude: hello"]

@@ -31,6 +31,7 @@ BENCHMARKS: list[str] = [
     "spawn",
     "sandbox",
     "egress",
+    "kubernetes",
     "beads",
     "throughput",
     "waves",

@@ -87,10 +87,15 @@ def write_config(
     agents: dict[str, dict[str, Any]],
     default_agent: str,
     scheduler: dict[str, Any] | None = None,
+    sections: dict[str, dict[str, Any]] | None = None,
 ) -> None:
-    """``.grid/config.toml`` with these agent profiles, before the daemon starts."""
+    """``.grid/config.toml`` with these agent profiles (and other ``sections``, e.g.
+    ``{"executors.kubernetes": {...}}``), before the daemon starts."""
     lines = ["[scheduler]", f"default_agent = {_toml(default_agent)}"]
     lines += [f"{k} = {_toml(v)}" for k, v in (scheduler or {}).items()]
+    for section, values in (sections or {}).items():
+        lines.append(f"\n[{section}]")
+        lines += [f"{k} = {_toml(v)}" for k, v in values.items()]
     for name, profile in agents.items():
         lines.append(f"\n[agents.{name}]")
         lines += [f"{k} = {_toml(v)}" for k, v in profile.items()]
@@ -155,13 +160,20 @@ def agent_daemon(
     *,
     default_agent: str,
     scheduler: dict[str, Any] | None = None,
+    sections: dict[str, dict[str, Any]] | None = None,
 ) -> Iterator[Gridd]:
     """A fresh repository with these profiles and a real gridd serving it. On the way out,
     however the block ends: the session force-stopped, the daemon stopped, any agent or
     shim still alive killed, the repository removed."""
     root = make_repo()
     try:
-        write_config(root, agents=agents, default_agent=default_agent, scheduler=scheduler)
+        write_config(
+            root,
+            agents=agents,
+            default_agent=default_agent,
+            scheduler=scheduler,
+            sections=sections,
+        )
         with running_gridd(root) as daemon:
             try:
                 yield daemon

@@ -47,6 +47,9 @@ class LoggedHandle:
         self.calls.append(("signal", f"{self.run_dir.name}:{signal.Signals(sig).name}"))
         return self.inner.signal(sig)
 
+    def handles_signal(self, sig: int) -> bool:
+        return self.inner.handles_signal(sig)
+
     def close_stdin(self) -> bool:
         return self.inner.close_stdin()
 

@@ -22,9 +22,6 @@ from gridd.runs.watch import RunWatch
 
 log = logging.getLogger(__name__)
 
-#: The lines of ``/proc/<pid>/status`` naming the signals a process ignores and catches.
-_MASKS = ("SigIgn:", "SigCgt:")
-
 
 class Stopper:
     def __init__(self, ctx: PoolContext) -> None:
@@ -51,7 +48,7 @@ class Stopper:
         handle = self.ctx.roster.handles.get(agent_id)
         if handle is None:
             return
-        self._signal(agent_id, handle, signal.SIGKILL if force else signal.SIGTERM)
+        await self._signal(agent_id, handle, signal.SIGKILL if force else signal.SIGTERM)
         if force:
             return
         grace = self.ctx.settings.scheduler.stop_grace_seconds
@@ -62,20 +59,26 @@ class Stopper:
                 return
             await asyncio.sleep(0.05)
         log.warning("agent %s ignored SIGTERM for %.0fs; killing", agent_id, grace)
-        self._signal(agent_id, handle, signal.SIGKILL)
+        await self._signal(agent_id, handle, signal.SIGKILL)
 
-    def _signal(self, agent_id: str, handle: AgentHandle, sig: signal.Signals) -> None:
+    async def _signal(self, agent_id: str, handle: AgentHandle, sig: signal.Signals) -> None:
         """Signal the agent's group, noting (``signalledAt``, once) when the signal could be
         why the agent exits with a code of its own: it still ran and handles that signal
         itself. A signal it does not handle ends it by that signal, never with exit 0; so
         an exit 0 without ``signalledAt`` is the run's own completion, however close a stop
-        came (``outcome.decide``)."""
+        came (``outcome.decide``). The handle's calls run off the loop: for a run in a box
+        each is an exec (a ``podman exec``, a Kubernetes API call), and stopping a whole
+        session signals every run."""
         state = self.ctx.state
         agent = state.agents.get(agent_id)
         noted = agent is not None and agent.signalled_at is not None
-        first = not noted and handle.alive() and _may_handle(handle.pid, sig)
-        handle.signal(sig)
-        if first:
+
+        def send() -> bool:
+            first = not noted and handle.alive() and handle.handles_signal(sig)
+            handle.signal(sig)
+            return first
+
+        if await asyncio.to_thread(send):
             try:
                 state.update_agent(agent_id, signalled_at=utcnow())
             except StoreError:  # a full disk must not hold up the stop: remembered here
@@ -102,25 +105,9 @@ class Stopper:
                 log.warning(
                     "agent %s did not exit after its result; sending %s", agent_id, sig.name
                 )
-                handle.signal(sig)
+                await asyncio.to_thread(handle.signal, sig)
             deadline = time.monotonic() + grace
             while time.monotonic() < deadline:
                 if handle.exit_status() is not None or not handle.group_alive():
                     return
                 await asyncio.sleep(0.02)
-
-
-def _may_handle(pid: int | None, sig: signal.Signals) -> bool:
-    """Whether process ``pid`` catches or ignores ``sig`` (Linux's ``SigCgt``/``SigIgn``), so
-    that it may go on, or exit with a code of its own, after receiving it. SIGKILL never;
-    where the masks cannot be read (another OS, the process gone), assume it may."""
-    if sig == signal.SIGKILL:
-        return False
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            masks = [int(line.split()[1], 16) for line in fh if line.startswith(_MASKS)]
-    except (OSError, ValueError, IndexError):
-        return True
-    if len(masks) != len(_MASKS):
-        return True
-    return any(mask & (1 << (sig - 1)) for mask in masks)

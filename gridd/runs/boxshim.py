@@ -20,6 +20,7 @@ exec's stdin, which the older exec protocols cannot do):
 ``put``      one inbox message, numbered by the daemon: exactly ``<size>`` bytes read from
              stdin, kept only if that number is new (a retried put is not a second message).
 ``signal``   a signal to the agent's process group.
+``handles``  whether the agent catches or ignores a signal (``1``, ``0``, ``?``).
 ``cat``      a file of the root, whole (the result bundle).
 """
 
@@ -308,6 +309,25 @@ def send_signal(root: str, signum: int) -> int:
     return 0
 
 
+def handles(root: str, signum: int) -> int:
+    """``1`` when the agent catches or ignores ``signum`` (its /proc masks), ``0`` when not,
+    ``?`` when that cannot be read."""
+    info = _read_json(os.path.join(_paths(root)[0], "agent.json")) or {}
+    masks = []
+    try:
+        with open(f"/proc/{int(info['pid'])}/status") as fh:
+            for line in fh:
+                if line.startswith(("SigIgn:", "SigCgt:")):
+                    masks.append(int(line.split()[1], 16))
+    except (OSError, KeyError, TypeError, ValueError, IndexError):
+        masks = []
+    if len(masks) != 2:
+        sys.stdout.write("?\n")
+    else:
+        sys.stdout.write("1\n" if any(m & (1 << (signum - 1)) for m in masks) else "0\n")
+    return 0
+
+
 def cat(root: str, name: str) -> int:
     with open(os.path.join(root, name), "rb") as fh:
         while True:
@@ -331,6 +351,8 @@ def main(argv: list[str]) -> int:
         return send_signal(root, int(rest[0]))
     if command == "cat":
         return cat(root, rest[0])
+    if command == "handles":
+        return handles(root, int(rest[0]))
     sys.stderr.write(f"unknown command {command!r}\n")
     return 2
 

@@ -161,6 +161,10 @@ def _pipe_room(fd: int) -> int | None:
     return int(capacity) - int(queued)
 
 
+#: The lines of ``/proc/<pid>/status`` naming the signals a process ignores and catches.
+_MASKS = ("SigIgn:", "SigCgt:")
+
+
 class AgentProcess:
     """(pid, create time) of the agent and of its shim, plus the run directory."""
 
@@ -383,6 +387,20 @@ class AgentProcess:
         except ProcessLookupError:
             return False
         return True
+
+    def handles_signal(self, sig: int) -> bool:
+        """Linux's ``SigCgt``/``SigIgn`` of the agent; SIGKILL never; True where the masks
+        cannot be read (another OS, the process gone)."""
+        if sig == signal.SIGKILL:
+            return False
+        try:
+            with open(f"/proc/{self.pid}/status") as fh:
+                masks = [int(line.split()[1], 16) for line in fh if line.startswith(_MASKS)]
+        except (OSError, ValueError, IndexError):
+            return True
+        if len(masks) != len(_MASKS):
+            return True
+        return any(mask & (1 << (sig - 1)) for mask in masks)
 
     def close_stdin(self) -> bool:
         """Close the agent's stdin (the shim lets go of its writer: SIGUSR1), so it reads EOF

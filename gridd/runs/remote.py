@@ -115,6 +115,16 @@ class RemoteHandle:
             log.warning("signal to box %s failed: %s", self.mirror.box, exc)
             return False
 
+    def handles_signal(self, sig: int) -> bool:
+        """Asked in the box: the agent's pid is the box's, not this machine's."""
+        if sig == 9 or not self.alive():
+            return False
+        try:
+            answer = self.mirror.engine.exec(self.mirror.box, ["handles", str(int(sig))])
+        except (BoxGone, BoxError):
+            return True
+        return answer.strip() != b"0"
+
     def _put(self, data: bytes, kind: str) -> None:
         with self._lock:
             seq = self.mirror.highest_inbox + 1

@@ -277,6 +277,21 @@ class SandboxSettings(_Section):
         return self
 
 
+class KubernetesProfile(_Section):
+    """``[agents.<name>.kubernetes]``: where this profile's Jobs differ from
+    ``[executors.kubernetes]`` (unset: as there)."""
+
+    image: str | None = Field(default=None, description="the box image of this profile's runs")
+    cpu: str | None = Field(default=None, description="CPU request and limit")
+    memory: str | None = Field(default=None, description="memory request and limit")
+    service_account: str | None = Field(default=None, description="the pods' service account")
+    runtime_class: str | None = Field(default=None, description="runtimeClassName")
+    deadline_seconds: int | None = Field(default=None, ge=60, description="activeDeadlineSeconds")
+    secret_env: dict[str, str] | None = Field(
+        default=None, description="environment from Secrets (replaces the executor's)"
+    )
+
+
 class AgentProfile(_Section):
     """``[agents.<name>]``: how to run one kind of agent."""
 
@@ -307,6 +322,16 @@ class AgentProfile(_Section):
     executor: Literal["local", "podman", "kubernetes"] | None = Field(
         default=None, description="where its runs execute; unset: [executors] default"
     )
+    kubernetes: KubernetesProfile = Field(
+        default_factory=KubernetesProfile.model_construct,
+        description="its Jobs' image and resources, where they differ from [executors.kubernetes]",
+    )
+
+    def box_options(self, executor: str) -> dict[str, Any]:
+        """What this profile changes of its executor's boxes (``Launch.box``)."""
+        if executor == "kubernetes":
+            return self.kubernetes.model_dump(exclude_none=True)
+        return {}
 
 
 #: How gridd runs Claude Code headless: stream-json both ways (stdin stays open for follow-ups

@@ -81,6 +81,7 @@ class Cluster(kmock.KubernetesEmulator):  # type: ignore[misc]
         self.protocols: tuple[str, ...] = (V5, V4)
         self.refuse: tuple[int, str, str] | None = None  # the next Job create's answer
         self.log: list[tuple[str, str, dict[str, str]]] = []  # (method, path, query)
+        self.created: list[dict[str, Any]] = []  # every Job created, as it was sent
 
     async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
         raw = request._raw_request
@@ -101,6 +102,7 @@ class Cluster(kmock.KubernetesEmulator):  # type: ignore[misc]
             return response
         response = await super()._handle(request)
         if plural == "jobs" and raw.method == "POST" and response.status < 300:
+            self.created.append(request.data)
             await self._start_pod(request.data)
         return response
 
@@ -331,6 +333,11 @@ class FakeCluster:
     def requests(self) -> list[tuple[str, str, dict[str, str]]]:
         assert self.cluster is not None
         return list(self.cluster.log)
+
+    def created(self) -> list[dict[str, Any]]:
+        """Every Job created so far, as its client sent it (deleted ones too)."""
+        assert self.cluster is not None
+        return list(self.cluster.created)
 
     def refuse_next_create(self, code: int, reason: str, message: str) -> None:
         assert self.cluster is not None

@@ -22,7 +22,7 @@ import pytest
 from gridd.errors import Conflict, GriddError
 from gridd.grid import Grid
 from gridd.model import TaskStatus
-from gridd.runs.boxes import BoxGone
+from gridd.runs.boxes import BoxError, BoxGone
 from gridd.runs.kubernetes import KubernetesEngine, exit_reason, job_manifest, k8s_name
 from gridd.runs.remote import RemoteExecutor
 from gridd.settings import KubernetesSettings
@@ -422,6 +422,38 @@ async def test_a_quota_denial_is_not_started_yet_and_the_task_starts_once_it_is_
             assert events(grid, "agent.failed") == []
     finally:
         kill_workspace_agents(repo)
+
+
+async def test_a_profile_sets_its_own_image_and_resources_for_its_jobs(
+    repo: Path, cluster: FakeCluster
+) -> None:
+    cfg = config(trivial=agent_command("trivial.py"))
+    cfg["agents"]["trivial"]["kubernetes"] = {  # type: ignore[index]
+        "image": "registry.example/big-box:2",
+        "memory": "8Gi",
+        "secret_env": {"OPENAI_API_KEY": "openai/key"},
+    }
+    try:
+        async with inprocess_daemon(repo, cfg, executor=executor(repo, cluster)) as daemon:
+            grid: Grid = daemon.grid
+            start_tasks(grid, {"id": "big", "title": "in a bigger box"})
+            await until(lambda: grid.state.tasks["big"].status == TaskStatus.REVIEW, what="review")
+    finally:
+        kill_workspace_agents(repo)
+    [job] = cluster.created()
+    [box] = job["spec"]["template"]["spec"]["containers"]
+    assert box["image"] == "registry.example/big-box:2"
+    assert box["resources"]["limits"] == {"cpu": "1", "memory": "8Gi"}  # cpu: the executor's
+    assert [e["name"] for e in box["env"]] == ["OPENAI_API_KEY"]
+
+
+def test_a_failing_exec_says_its_exit_code_from_the_error_channel(cluster: FakeCluster) -> None:
+    engine = KubernetesEngine(k8s_settings(cluster))
+    engine.create("grid-ab12-r-5", labels={"grid.run": "r-5"}, files={"spec.json": b"{}"})
+    with pytest.raises(BoxError) as failed:
+        engine.exec("grid-ab12-r-5", ["no-such-command"])
+    assert "(2)" in failed.value.message and "unknown command" in failed.value.message
+    engine.remove("grid-ab12-r-5")
 
 
 def test_a_box_gone_carries_the_reason_the_cluster_gives(cluster: FakeCluster) -> None:

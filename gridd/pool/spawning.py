@@ -367,6 +367,7 @@ class Spawner:
                     stdin=profile.stdin,
                     sandbox=sandbox,
                     executor=executor,
+                    box=profile.box_options(executor),
                 )
             )
         except (GriddError, OSError) as exc:

@@ -17,9 +17,10 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from gridd.errors import Conflict, GriddError
 
@@ -60,9 +61,17 @@ class Engine(Protocol):
     kind: str
     root: str
 
-    def create(self, name: str, *, labels: dict[str, str], files: dict[str, bytes]) -> None:
+    def create(
+        self,
+        name: str,
+        *,
+        labels: dict[str, str],
+        files: dict[str, bytes],
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
         """Create the box (``Conflict`` when the name is taken) with ``files`` (paths
-        relative to ``root``) in it, and start the in-box shim's ``run``."""
+        relative to ``root``) in it, and start the in-box shim's ``run``. ``options``: the
+        profile's changes to the engine's settings for this box (``Launch.box``)."""
 
     def exec(self, name: str, args: list[str], *, stdin: bytes = b"") -> bytes:
         """Run ``boxshim.py <args>`` in the box; its stdout. ``BoxGone``, ``BoxError``."""
@@ -90,7 +99,14 @@ class DirectoryBoxes:
     def _dir(self, name: str) -> Path:
         return self.base / name
 
-    def create(self, name: str, *, labels: dict[str, str], files: dict[str, bytes]) -> None:
+    def create(
+        self,
+        name: str,
+        *,
+        labels: dict[str, str],
+        files: dict[str, bytes],
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
         box = self._dir(name)
         self.base.mkdir(parents=True, exist_ok=True)
         try:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from gridd.model import Agent
 from gridd.runs.sandbox import Sandbox
@@ -63,6 +63,9 @@ class Launch:
     #: What the kernel lets the agent touch (None: no sandbox). An executor that cannot
     #: enforce it raises ``GriddError`` (code ``sandbox_unavailable``): never unconfined.
     sandbox: Sandbox | None = None
+    #: The profile's changes to its box (``AgentProfile.box_options``: a Job's image and
+    #: resources); the box's engine reads them, the others have none.
+    box: dict[str, Any] = field(default_factory=dict)
 
 
 class AgentHandle(Protocol):

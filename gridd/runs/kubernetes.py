@@ -251,16 +251,26 @@ class KubernetesEngine:
 
     # -- the engine ---------------------------------------------------------------------
 
-    def create(self, name: str, *, labels: dict[str, str], files: dict[str, bytes]) -> None:
+    def create(
+        self,
+        name: str,
+        *,
+        labels: dict[str, str],
+        files: dict[str, bytes],
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
+        """The Job, with the profile's ``options`` (``[agents.<name>.kubernetes]``) over
+        ``[executors.kubernetes]``."""
         from lightkube import codecs
 
-        if not self.settings.image:
+        settings = self.settings.model_copy(update=dict(options or {}))
+        if not settings.image:
             raise GriddError(
                 "the kubernetes executor needs an image: set [executors.kubernetes] image"
                 " (build one from contrib/kubernetes/Dockerfile)",
                 code="config_invalid",
             )
-        manifest = job_manifest(self.settings, box=name, labels=labels)
+        manifest = job_manifest(settings, box=name, labels=labels)
         try:
             self._count("create")
             self.client().create(codecs.from_dict(manifest), namespace=self.settings.namespace)

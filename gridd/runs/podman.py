@@ -17,7 +17,9 @@ import subprocess
 import tarfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from gridd.errors import Conflict
 from gridd.runs.boxes import BOXSHIM, BoxError, BoxGone, BoxInfo
@@ -75,7 +77,14 @@ class PodmanEngine:
             options.append(f"--memory={s.memory}")
         return options
 
-    def create(self, name: str, *, labels: dict[str, str], files: dict[str, bytes]) -> None:
+    def create(
+        self,
+        name: str,
+        *,
+        labels: dict[str, str],
+        files: dict[str, bytes],
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
         image = self.image()
         label_args = [f"--label={k}={v}" for k, v in sorted(labels.items())]
         try:

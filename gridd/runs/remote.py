@@ -300,6 +300,7 @@ class RemoteExecutor:
                 name,
                 labels=labels,
                 files={"spec.json": json.dumps(spec).encode(), "base.bundle": bundle},
+                options=launch.box,
             )
         except BoxError as exc:
             raise RemoteSpawnError(f"could not create box {name}: {exc.message}") from exc

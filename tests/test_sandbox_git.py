@@ -287,3 +287,51 @@ def test_the_real_claude_cli_commits_with_bash_inside_the_sandbox(
     assert "claude: hello" in str(bash["content"]), bash
     assert task["changedFiles"] == ["hello.txt"]
     assert _subjects(repo, "main..grid/box") == ["claude: hello"]
+
+
+async def test_alternates_the_run_rewrote_bring_nothing_it_could_not_read_into_the_repository(
+    repo: Path, outside: Path
+) -> None:
+    """A run may not read another object store (hidden from it), but gridd may: a run that
+    names it in its ``objects/info/alternates`` and points its branch at a commit there
+    must not have gridd copy that commit into the repository. gridd fetches from a
+    repository it assembles itself (the run's own objects, never its ``objects/info``)."""
+    secret = outside / "secret"
+    secret.mkdir()
+    _git(secret, "init", "-q")
+    (secret / "secret.txt").write_text("s3cr3t\n")
+    _git(secret, "add", "secret.txt")
+    _git(secret, "-c", "user.name=s", "-c", "user.email=s@x", "commit", "-q", "-m", "secret")
+    sha = _git(secret, "rev-parse", "HEAD")
+    worktrees = Worktrees(repo, repo / ".grid" / "worktrees")
+    await worktrees.setup()
+    tree = await worktrees.create("t", None)
+    private = PrivateRepos(worktrees)
+    await private.make(tree.path, agent_id="a-1")
+    own = tree.path / ".git"
+    with (own / "objects" / "info" / "alternates").open("a") as alternates:
+        alternates.write(f"{secret / '.git' / 'objects'}\n")
+    (own / "packed-refs").write_text(f"{sha} refs/heads/grid/t\n")
+    reclaimed = await private.reclaim(tree.path)
+    assert reclaimed is not None and reclaimed.tip is None
+    assert "could not be fetched" in reclaimed.problem
+    assert git_show(repo, f"{sha}:secret.txt") is None
+    assert _subjects(repo, "main..grid/t") == []
+
+
+async def test_a_run_whose_objects_were_packed_still_brings_its_commits_back(repo: Path) -> None:
+    """Objects the run's git packed (``git gc``) come back: gridd indexes the packs itself."""
+    worktrees = Worktrees(repo, repo / ".grid" / "worktrees")
+    await worktrees.setup()
+    tree = await worktrees.create("t", None)
+    private = PrivateRepos(worktrees)
+    await private.make(tree.path, agent_id="a-1")
+    for n in range(3):
+        (tree.path / f"f{n}.txt").write_text(f"{n}\n")
+        _git(tree.path, "add", f"f{n}.txt")
+        _git(tree.path, "commit", "-q", "-m", f"agent: {n}")
+    _git(tree.path, "gc", "-q")
+    assert list((tree.path / ".git" / "objects" / "pack").glob("pack-*.pack"))
+    reclaimed = await private.reclaim(tree.path)
+    assert reclaimed is not None and reclaimed.problem == ""
+    assert _subjects(repo, "main..grid/t") == ["agent: 2", "agent: 1", "agent: 0"]

@@ -16,11 +16,13 @@ much as a whole spawn, docs/performance.md), from a spare made ahead (``prepare`
 
 ``reclaim`` brings the run's work back, once it has ended (the finish, a start, recovery):
 
-1. the task's branch is fetched from the run's repository into the repository, by gridd's
-   git in the worktree with options the run cannot change: no hooks, ``fetch.fsckObjects``,
-   and ``upload-pack --strict`` on exactly that directory (never a ``.git`` file or link
-   the run left there). ``upload-pack`` reads the run's config, and runs nothing of it (it
-   honours ``uploadpack.packObjectsHook`` only from protected config);
+1. the task's branch is fetched into the repository, by gridd's git in the worktree with
+   options the run cannot change (no hooks, ``fetch.fsckObjects``), from a repository gridd
+   assembles in ``.grid/`` (``VIEW``): the run's own objects (hard links; pack indexes made
+   again), the one ref, gridd's config, the repository's objects as its only alternate.
+   Nothing the run wrote but its objects is read: not its config or hooks, not its
+   ``objects/info`` (alternates it rewrote could name a store it may not read, for gridd
+   to copy);
 2. the worktree's branch and index move to that commit (``git reset``, the working files
    as the agent left them); a merge in progress in both stays, with the files the agent
    resolved there marked resolved here;
@@ -70,12 +72,14 @@ SAFE_FETCH = (
     "-c",
     "fetch.fsckObjects=true",
 )
-#: Run in the run's repository, reading its config: exactly that directory (``--strict``:
-#: no ``.git`` file followed), no hooks, no file-system monitor.
+#: Run in the repository ``reclaim`` assembles: exactly that directory (``--strict``: no
+#: ``.git`` file followed), no hooks, no file-system monitor.
 UPLOAD_PACK = "git -c core.hooksPath=/dev/null -c core.fsmonitor=false upload-pack --strict"
 FETCH_TIMEOUT_SECONDS = 300.0
 #: The spare run's repository, in ``.grid/`` (``PrivateRepos.prepare``).
 SPARE = "private-spare"
+#: Where ``reclaim`` assembles the repository it fetches from, in ``.grid/``.
+VIEW = "private-fetch"
 PACKED_REFS_HEADER = "# pack-refs with: peeled fully-peeled sorted \n"
 _OBJECT_ID = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
 
@@ -115,13 +119,62 @@ def _object_id(text: str) -> str:
 def _read_small(path: Path, limit: int = 4096) -> str:
     """A small regular file's text, never following a link, never waiting on a FIFO or a
     device: what a run left may be anything. OSError for anything but a regular file."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    return _read_in(path.parent, path.name, limit=limit)
+
+
+def _read_in(top: Path, relative: str, *, limit: int = 4096) -> str:
+    """``_read_small`` of ``top/relative``, following no link at any step below ``top``
+    (``refs/heads/grid`` made a link elsewhere leads nowhere)."""
+    *dirs, name = relative.split("/")
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path} is not a regular file")
-        return os.read(fd, limit).decode(errors="replace")
+        for part in dirs:
+            below = os.open(
+                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+            )
+            os.close(fd)
+            fd = below
+        opened = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd
+        )
     finally:
         os.close(fd)
+    try:
+        if not stat.S_ISREG(os.fstat(opened).st_mode):
+            raise OSError(f"{top / relative} is not a regular file")
+        return os.read(opened, limit).decode(errors="replace")
+    finally:
+        os.close(opened)
+
+
+def _link_objects(repo: Path, view: Path) -> list[Path]:
+    """Hard-link the run's own objects into ``view``'s: loose objects and pack files only
+    (never its ``info/``: alternates, commit graphs), regular files only, no link followed.
+    Returns the packs, whose indexes gridd makes itself (``git index-pack``)."""
+    objects = repo / "objects"
+    packs: list[Path] = []
+    if not stat.S_ISDIR(os.lstat(objects).st_mode):
+        return packs
+    for entry in os.scandir(objects):
+        loose = len(entry.name) == 2 and all(c in "0123456789abcdef" for c in entry.name)
+        if not (loose or entry.name == "pack") or not entry.is_dir(follow_symlinks=False):
+            continue
+        for item in os.scandir(entry.path):
+            if loose:
+                wanted = _OBJECT_ID.fullmatch(entry.name + item.name) is not None
+            else:
+                wanted = item.name.startswith("pack-") and item.name.endswith(".pack")
+            if not wanted or not item.is_file(follow_symlinks=False):
+                continue
+            target = view / "objects" / entry.name / item.name
+            target.parent.mkdir(exist_ok=True)
+            try:
+                os.link(item.path, target, follow_symlinks=False)
+            except OSError:  # another file system, or a link refused: a copy
+                shutil.copyfile(item.path, target, follow_symlinks=False)
+            if not loose:
+                packs.append(target)
+    return packs
 
 
 def _skeleton(repo: Path, *, config: str, common: Path) -> None:
@@ -274,12 +327,32 @@ class PrivateRepos:
         return result
 
     async def _fetch(self, path: Path, admin: Path, repo: Path, *, ref: str, old: str) -> Reclaimed:
-        """Step 1: the run's branch into the repository's objects (``FETCH_HEAD``)."""
+        """Step 1: the run's branch into the repository's objects (``FETCH_HEAD``), from a
+        repository gridd assembles itself in ``.grid/`` (where no agent reaches): the run's
+        own objects, the one ref, gridd's config, and the repository's objects as its only
+        alternate. Nothing of the run's config, hooks or ``objects/info`` is read (its
+        alternates could name an object store it may not read, for gridd to copy)."""
         if not ref:
             return Reclaimed(None, "the worktree is on no branch: nothing fetched")
-        if _ref_of(repo, ref) == old:
+        tip = _ref_of(repo, ref)
+        if tip == old:
             return Reclaimed(old)  # no commit of its own on the branch
+        if not tip:
+            return Reclaimed(None, f"its repository has no branch {ref}: nothing fetched")
+        view = self.worktrees.dir.parent / f"{VIEW}-{admin.name}"
         try:
+            await asyncio.to_thread(shutil.rmtree, view, True)
+            common = _common_dir(admin)
+            _skeleton(view, config=await self._config_text(), common=common)
+            (view / "packed-refs").write_text(f"{PACKED_REFS_HEADER}{tip} {ref}\n")
+            (view / "HEAD").write_text(f"ref: {ref}\n")
+            packs = await asyncio.to_thread(_link_objects, repo, view)
+            for pack in packs:
+                indexed = await git(  # (index-pack takes no "--"; the path is absolute)
+                    view, "index-pack", str(pack), check=False, timeout=self.fetch_timeout
+                )
+                if indexed.code != 0:
+                    pack.unlink()  # not a pack git can read: its objects are not there
             res = await git(
                 path,
                 *SAFE_FETCH,
@@ -288,21 +361,23 @@ class PrivateRepos:
                 "--no-tags",
                 "--no-recurse-submodules",
                 f"--upload-pack={UPLOAD_PACK}",
-                str(repo),
+                str(view),
                 ref,
                 check=False,
                 timeout=self.fetch_timeout,
             )
-        except GitError as exc:  # it timed out
-            return Reclaimed(None, exc.message)
+        except (OSError, GitError) as exc:  # a git that timed out, a file system refusal
+            return Reclaimed(None, f"its branch {ref} could not be fetched: {exc}")
+        finally:
+            await asyncio.to_thread(shutil.rmtree, view, True)
         if res.code != 0:
             problem = res.err.strip()[:500] or f"git fetch exited {res.code}"
             return Reclaimed(None, f"its branch {ref} could not be fetched: {problem}")
         try:
-            tip = _object_id((admin / "FETCH_HEAD").read_text())
+            fetched = _object_id((admin / "FETCH_HEAD").read_text())
         except OSError as exc:
             return Reclaimed(None, f"its branch {ref} was fetched, but FETCH_HEAD: {exc}")
-        return Reclaimed(tip or None, "" if tip else "FETCH_HEAD names no commit")
+        return Reclaimed(fetched or None, "" if fetched else "FETCH_HEAD names no commit")
 
     async def _take_over(
         self, path: Path, admin: Path, repo: Path, *, old: str, tip: str | None
@@ -382,7 +457,7 @@ def _ref_of(repo: Path, ref: str) -> str:
     """The commit a run's repository names for ``ref`` as far as its files say ("" when
     they do not): its loose ref, which outranks a packed one, else its ``packed-refs``."""
     try:
-        return _object_id(_read_small(repo / ref))
+        return _object_id(_read_in(repo, ref))
     except OSError:
         pass
     try:

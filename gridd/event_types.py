@@ -48,6 +48,7 @@ LOGGED: frozenset[str] = frozenset(
         "merge.batch_started",
         "merge.batch_passed",
         "merge.batch_failed",
+        "merge.batch_discarded",
         "merge.bisected",
         "task.merge_refused",
         "task.conflict_unresolved",

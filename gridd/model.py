@@ -241,21 +241,36 @@ class ConflictItem(WireModel):
     feature_commit: str | None = None  # for kind feature: the feature branch's tip
 
 
+class TrainCandidate(WireModel):
+    """One candidate of the merge train, in its own integration worktree: ``tasks`` merged
+    on ``ahead`` (the candidate ahead of it; None: on the feature branch's tip). ``phase``:
+    ``gating``, ``passed``, ``failed``, ``landing``, ``landed``."""
+
+    position: int  # 1: on the feature branch's tip
+    tasks: list[str]
+    candidate: str
+    ahead: str | None = None
+    phase: str = "gating"
+    gate_started_at: datetime | None = None
+
+
 class MergeTrain(WireModel):
-    """The merge train's candidate under way (``[merge] max_batch`` > 1): which tasks ride
-    in it and where it is. ``phase``: ``merging`` (built in the integration worktree),
-    ``gating`` (the check runs on it since ``gate_started_at``), ``landing`` (the feature
-    branch moves to it)."""
+    """The merge train's candidates under way (``[merge] max_batch`` or ``gate_concurrency``
+    > 1): which tasks ride and where they are. ``phase``: ``merging`` (built in the
+    integration worktrees), ``gating`` (the check runs, the first since
+    ``gate_started_at``), ``landing`` (the feature branch moves). ``candidates``: each gated
+    at once, built on the one ahead (``[merge] gate_concurrency``)."""
 
     batch_id: str
     phase: str
     tasks: list[str]  # riding, in order
     feature_commit: str | None = None  # merged onto
-    candidate: str | None = None
+    candidate: str | None = None  # the last one: what the feature branch becomes
     bisecting: bool = False  # part of a failed batch, gated to find the task that fails
     retry: bool = False  # a last suspect gated alone once more
     gate_started_at: datetime | None = None
     retries: int = 0  # since the daemon started: last suspects that passed alone (flaky)
+    candidates: list[TrainCandidate] = Field(default_factory=list)
 
 
 class RepoState(WireModel):

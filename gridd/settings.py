@@ -559,18 +559,27 @@ class MergeSettings(_Section):
         " started: a filter or hook driver) and the merge fails with the reason",
     )
     max_batch: int = Field(
-        default=1,
+        default=10,
         ge=1,
         le=1000,
-        description="The merge train: up to this many approved tasks merged in order into one"
-        " candidate and gated once (a failing candidate is bisected); 1 = one task at a time",
+        description="The merge train, with a check: up to this many approved tasks merged in"
+        " order into one candidate and gated once (a failing candidate is bisected); 1 = one"
+        " task at a time",
+    )
+    gate_concurrency: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="The merge train, with a check: up to this many candidates gated at once,"
+        " each built on the one ahead in its own integration worktree (speculation); each is"
+        " a run of the check on this machine",
     )
     batch_wait_seconds: float = Field(
         default=0.5,
         ge=0,
         le=60,
-        description="With max_batch > 1, approvals arriving within this long of the oldest"
-        " waiting one ride in the same candidate",
+        description="With a train (max_batch or gate_concurrency > 1), approvals arriving"
+        " within this long of the oldest waiting one ride together",
     )
     on_conflict: Literal["agent", "human", "fail"] = Field(
         default="agent",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -157,7 +158,8 @@ def find_workspace(path: Path | None = None) -> Workspace:
     """The workspace holding ``path`` (or the cwd); a clear error outside a repository.
 
     That is the git top level, except in a worktree gridd made for a task
-    (``<root>/.grid/worktrees/<task>``) or for merging (``<root>/.grid/integration``):
+    (``<root>/.grid/worktrees/<task>``) or for merging (``<root>/.grid/integration``, and
+    ``integration-<n>`` for the merge train's candidates gated at once):
     agents and gate checks run there and may call ``gridctl``, which must reach the daemon
     at ``<root>``, not start another one. A worktree the user added anywhere else is a
     workspace of its own, as any other checkout is.
@@ -181,7 +183,7 @@ def _owner_of_grid_worktree(top: Path) -> Path | None:
     (a directory merely named so, or a separate repository there, is left alone)."""
     if top.parent.name == "worktrees" and top.parent.parent.name == ".grid":
         root = top.parent.parent.parent
-    elif top.name == "integration" and top.parent.name == ".grid":
+    elif re.fullmatch(r"integration(-[0-9]+)?", top.name) and top.parent.name == ".grid":
         root = top.parent.parent
     else:
         return None

@@ -68,19 +68,28 @@ def logdir() -> Iterator[Path]:
         yield Path(d)
 
 
-def configure(root: Path, logdir: Path, *, max_batch: int = 12) -> None:
+def configure(
+    root: Path,
+    logdir: Path,
+    *,
+    max_batch: int = 12,
+    gate_script: str = GATE,
+    merge_extra: dict[str, object] | None = None,
+) -> None:
+    """The whole config (written again: a restart may change it), the gate in ``logdir``."""
     write_core_config(
         root,
         agents={"edit": {"command": agent_command("editor.py", str(logdir), "{prompt}")}},
         scheduler={"default_agent": "edit"},
     )
     gate = logdir / "gate.py"
-    gate.write_text(GATE)
+    gate.write_text(gate_script)
     merge = {
         "check": [sys.executable, str(gate), str(logdir)],
         "check_timeout_seconds": 60,
         "max_batch": max_batch,
         "batch_wait_seconds": 3,
+        **(merge_extra or {}),
     }
     lines = ["", "[merge]", *(f"{k} = {json.dumps(v)}" for k, v in merge.items())]
     with (root / ".grid" / "config.toml").open("a") as fh:

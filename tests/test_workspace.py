@@ -64,6 +64,14 @@ def test_the_integration_worktree_belongs_to_its_workspace(repo: Path) -> None:
     assert find_workspace(integration).root == repo
 
 
+def test_a_speculative_integration_worktree_belongs_to_its_workspace(repo: Path) -> None:
+    # [merge] gate_concurrency: a gate in the third slot calling gridctl reaches this daemon
+    slot = repo / ".grid" / "integration-3"
+    repo.joinpath(".grid").mkdir()
+    git(repo, "worktree", "add", "-q", "--detach", "--", str(slot), "HEAD")
+    assert find_workspace(slot).root == repo
+
+
 def test_a_worktree_the_user_added_elsewhere_stays_a_workspace_of_its_own(repo: Path) -> None:
     elsewhere = Path(tempfile.mkdtemp(prefix="u", dir="/tmp")) / "wt"
     try:

@@ -211,9 +211,12 @@ def train_line(state: RepoState, *, now: datetime | None = None) -> Text | None:
         what.append("bisecting a failed batch")
     if train.retry:
         what.append("a last suspect, gated alone once more")
-    if train.candidate:
+    if len(train.candidates) > 1:  # [merge] gate_concurrency: each on the one ahead
+        what.append(f"{len(train.candidates)} candidates gated at once")
+    elif train.candidate:
         what.append(f"candidate {train.candidate[:12]}")
-    riding = clip(", ".join(train.tasks), 200)
+    groups = [c.tasks for c in train.candidates] or [train.tasks]  # " | " between candidates
+    riding = clip(" | ".join(", ".join(group) for group in groups), 200)
     return Text.assemble(
         ("merge train: ", "dim"),
         f"{len(train.tasks)} task(s) ride ({'; '.join(what)}): {riding}",

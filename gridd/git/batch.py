@@ -1,25 +1,41 @@
-"""The merge train's run: candidates built in the integration worktree, gated, landed.
+"""The merge train's run: candidates built, gated side by side, landed in order.
 
-Several waiting tasks are merged in order into one candidate, each with its own merge
-commit (``_candidate``), the candidate is gated once (``[merge] check``), and it lands by
-the queue's compare-and-swap under the gate of every riding task (``Outcomes.land``). A
-failing candidate is bisected: which tasks to gate next, and whom to blame, is decided by
-the pure ``train.py``; the task that fails alone goes to the policy, every other one lands.
+Several waiting tasks ride as a chain of candidates (``train.py`` decides which): each is
+built in its own integration worktree (``slots.py``) on the candidate ahead of it, the
+first on the feature branch's tip, every task with its own merge commit
+(``candidate.py``), and its gate (``[merge] check``) starts as soon as it is built, so up
+to ``[merge] gate_concurrency`` gates run at once (Zuul's dependent pipeline). Their
+verdicts are taken in order:
+
+- a candidate that passed lands, every one ahead of it having landed already, by the
+  queue's compare-and-swap from the candidate ahead (``Outcomes.land``);
+- a candidate that failed, every one ahead of it having passed, holds the trouble in its
+  own tasks: the candidates behind it are discarded at once (their gates stopped; they
+  hold its tasks) and are built again later without it, and its tasks are bisected, the
+  task that fails alone going to the policy. Those ahead of it are never gated again.
+
+Nothing moves the feature branch but the landing, in order: a daemon killed anywhere in
+this leaves the candidates behind as scratch, and the queue builds them again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
+from dataclasses import dataclass, field
+from typing import Literal
 
 from gridd.errors import GriddError
 from gridd.events import EventBus
-from gridd.git.integration import CheckResult, Conflicted, Integration
-from gridd.git.on_conflict import OUTPUT_TAIL, ConflictPolicy
-from gridd.git.outcomes import MergeGate, Outcomes, PauseSeam
-from gridd.git.train import Bisection, Blame
-from gridd.git.worktrees import GitTimeout, branch_tip
-from gridd.model import MergeTrain, Task, utcnow
+from gridd.git.candidate import Builder, Candidate
+from gridd.git.integration import CheckResult, Integration
+from gridd.git.on_conflict import OUTPUT_TAIL
+from gridd.git.outcomes import Outcomes, PauseSeam
+from gridd.git.slots import Slots
+from gridd.git.train import Bisection, Blame, Gate
+from gridd.git.worktrees import branch_tip
+from gridd.model import MergeTrain, Task, TrainCandidate, utcnow
 from gridd.settings import MergeSettings
 from gridd.state import GridState
 
@@ -29,6 +45,18 @@ log = logging.getLogger(__name__)
 CAS_ROUNDS = 5
 
 
+@dataclass
+class _Run:
+    """One train: its tasks' bisection, and what the rounds so far learnt."""
+
+    batch: str
+    feature: str
+    bisection: Bisection
+    known: dict[tuple[str, str], str] = field(default_factory=dict)  # see candidate.py
+    output: str = ""  # the last failed gate's
+    moved: int = 0  # landings refused because F moved
+
+
 class Batches:
     def __init__(
         self,
@@ -36,211 +64,236 @@ class Batches:
         settings: MergeSettings,
         state: GridState,
         bus: EventBus,
-        integration: Integration,
+        slots: Slots,
+        builder: Builder,
         outcomes: Outcomes,
-        policy: ConflictPolicy,
-        gate: MergeGate,
         pause: PauseSeam,
     ) -> None:
         self.settings = settings
         self.state = state
         self.bus = bus
-        self.root = integration.root
+        self.slots = slots
+        self.root = slots[0].root
         self.timeout = settings.git_timeout_seconds
-        self.integration = integration
+        self.builder = builder
         self.outcomes = outcomes
-        self.policy = policy
-        self.gate = gate
         self.pause = pause
-        #: The candidate under way, for ``/state`` (which tasks ride in it, and where it is).
+        #: The candidates under way, for ``/state`` (which tasks ride, and where they are).
         self.train: MergeTrain | None = None
         self.retries = 0  # last suspects that passed their gate alone: the gate was flaky
 
     async def run(self, riding: list[Task], *, feature: str) -> None:
-        """Several tasks in one candidate, gated once; a failing one bisected (``train.py``)."""
-        batch = f"{riding[0].id}-{secrets.token_hex(3)}"
-        bisection = Bisection([t.id for t in riding])
-        known: dict[tuple[str, str], str] = {}  # (task, the commit merged onto) -> its merge
-        output = ""
-        moved = 0
-        while (step := bisection.next()) is not None:
+        """The tasks as a chain of candidates gated at once; a failing one bisected."""
+        run = _Run(
+            batch=f"{riding[0].id}-{secrets.token_hex(3)}",
+            feature=feature,
+            bisection=Bisection([t.id for t in riding], slots=len(self.slots)),
+        )
+        while (step := run.bisection.next()) is not None:
             if isinstance(step, Blame):  # two failed runs held it, the others passed
-                self._bisected(batch, bisection, culprit=step.task)
-                await self.outcomes.blame(step.task, output=output, feature=feature)
-                bisection.blamed()
+                self._bisected(run, culprit=step.task)
+                await self.outcomes.blame(step.task, output=run.output, feature=feature)
+                run.bisection.blamed()
                 break
             self.train = MergeTrain(
-                batch_id=batch,
+                batch_id=run.batch,
                 phase="merging",
                 tasks=step.tasks,
-                bisecting=bisection.failing,
+                bisecting=run.bisection.failing,
                 retry=step.retry,
                 retries=self.retries,
             )
-            built = await self._candidate(step.tasks, feature=feature, known=known)
-            if built is None:
-                return  # every one left the batch (conflicts, markers, cancels)
-            tip, rides = built
-            ids = [t.id for t, _ in rides]
-            if ids != step.tasks:
-                if bisection.failing:
-                    return  # the evidence was about others: the queue starts over
-                bisection.restart(ids)
-            self._train_view(rides, tip=tip, phase="gating")
-            self.bus.publish(
-                "merge.batch_started",
-                {
-                    "batchId": batch,
-                    "featureBranch": feature,
-                    "featureCommit": tip,
-                    "candidate": rides[-1][1],
-                    "tasks": ids,
-                    "retry": step.retry,
-                    "bisecting": bisection.failing,
-                },
-            )
-            check = await self._gate()
-            if check is None or check.ok:
-                self.bus.publish(
-                    "merge.batch_passed",
-                    {
-                        "batchId": batch,
-                        "tasks": ids,
-                        "candidate": rides[-1][1],
-                        "retried": step.retry,
-                    },
-                )
-                if step.retry:
-                    self.retries += 1
-                self._train_view(rides, tip=tip, phase="landing")
-                for task, commit in rides:  # recorded progress
-                    self.state.update_task(task.id, merge_commit=commit)
-                await self.pause.wait()
-                again = await self.outcomes.land(
-                    [(self.state.tasks.get(t.id, t), c) for t, c in rides], feature=feature, tip=tip
-                )
-                self._clear_merge_commits(rides)
-                if again:  # the user committed to F: merged again on top of their work
-                    moved += 1
-                    if moved >= CAS_ROUNDS:
-                        raise GriddError(
-                            f"feature branch {feature!r} kept moving during a merge train",
-                            code="feature_moving",
-                        )
-                    if bisection.failing:
-                        return  # the tip the evidence was about is gone: start over
-                    continue
-                if any(self.outcomes.merging(t.id) for t, _ in rides):
-                    return  # abandoned (a cancel): the queue merges the rest again
-                bisection.passed(ids)
-                continue
-            output = check.output
-            self.bus.publish(
-                "merge.batch_failed",
-                {
-                    "batchId": batch,
-                    "tasks": ids,
-                    "candidate": rides[-1][1],
-                    "exitCode": check.exit_code,
-                    "output": output[-OUTPUT_TAIL:],
-                },
-            )
-            culprit = bisection.failed(ids)
-            self._bisected(batch, bisection, culprit=culprit)
-            if culprit is not None:
-                await self.outcomes.blame(culprit, output=output, feature=feature)
-
-    async def _candidate(
-        self, task_ids: list[str], *, feature: str, known: dict[tuple[str, str], str]
-    ) -> tuple[str, list[tuple[Task, str]]] | None:
-        """Merge the tasks in order onto F's tip in the integration worktree (left at the
-        last one): the tip and each riding task with its own merge commit. A task that
-        conflicts with F's tip goes to the policy; one that conflicts only with a task ahead
-        of it in this candidate stays queued (merged again once those landed, it conflicts
-        with F itself, or not); one that would add conflict markers is refused.
-
-        ``known``: merges made earlier in this train, by task and the commit merged onto. A
-        bisection's half is a prefix of the candidate that failed, on the same tip, and the
-        rest sit on that prefix once it landed: their merges (checked already) are reused,
-        so a bisection round costs a gate run and no merging."""
-        tip = await branch_tip(self.root, feature, timeout=self.timeout)
-        if tip is None:
-            raise GriddError(f"feature branch {feature!r} is gone", code="feature_missing")
-        head = tip
-        rides: list[tuple[Task, str]] = []
-        for task_id in task_ids:
-            task = self.outcomes.merging(task_id)
-            if task is None or task.branch is None:
-                continue
-            key = (f"{task.id}@{task.merge_queued_at}", head)
-            if (made := known.get(key)) is not None:
-                rides.append((task, made))
-                head = made
-                continue
+            chain: list[Candidate] = []
             try:
-                result = await self.integration.merge(
-                    tip=head,
-                    branch=task.branch,
-                    strategy=self.settings.strategy,
-                    task_id=task.id,
-                    title=task.title,
-                )
-            except GitTimeout as exc:  # this task's filter or hook: it fails, the rest ride
-                await self.outcomes.fail(task, exc)
-                continue
-            if isinstance(result, Conflicted):
-                if head != tip:
-                    log.info("%s conflicts with a task ahead of it; merged later", task.id)
-                    continue
-                async with self.gate.deciding(task.id):
-                    if not self.outcomes.abandoned(task.id, feature):
-                        await self.policy.conflict(task, files=result.files, feature_commit=tip)
-                continue
-            marked = await self.policy.marker_files(
-                task,
-                cwd=self.integration.path,
-                tip=head,
-                merged=result.commit,
-                timeout=self.timeout,
-            )
-            if marked:  # refused whatever the policy (git/integrity.py)
-                async with self.gate.deciding(task.id):
-                    if not self.outcomes.abandoned(task.id, feature):
-                        self.policy.refuse_markers(task, files=marked, feature_commit=tip)
-                continue
-            rebased = self.settings.strategy == "rebase"
-            if (
-                rebased
-                and result.commit != head
-                and not await self.outcomes.reachable(head, result.commit)
-            ):
-                raise GriddError(
-                    f"the merge of {task.id} does not contain the candidate ahead of it",
-                    code="merge_not_descendant",
-                )
-            known[key] = result.commit
-            rides.append((task, result.commit))
-            head = result.commit
-        if not rides:
-            return None
-        if await self.integration.head() != head:
-            await self.integration.reset(head)  # the last task was refused or conflicted
-        return tip, rides
+                go_on = await self._round(run, step, chain)
+            finally:  # a gate still running is stopped, and waited for
+                await self._stop_gates(chain)
+            if not go_on:
+                return
 
-    async def _gate(self) -> CheckResult | None:
-        if not self.settings.check:
-            return None
-        return await self.integration.check(
-            self.settings.check, self.settings.check_timeout_seconds
+    async def _round(self, run: _Run, step: Gate, chain: list[Candidate]) -> bool:
+        """Build the step's candidates, gating each once built; take their verdicts in
+        order. False: the train is through (the queue starts over with what is left)."""
+        tip = await branch_tip(self.root, run.feature, timeout=self.timeout)
+        if tip is None:
+            raise GriddError(f"feature branch {run.feature!r} is gone", code="feature_missing")
+        ridden: list[str] = []
+        for index, part in enumerate(step.parts):
+            if any(c.failed for c in chain):  # the rest would hold a failing candidate
+                ridden += [task for later in step.parts[index:] for task in later]
+                break
+            ahead = chain[-1].commit if chain else None
+            rides = await self.builder.build(
+                self.slots[len(chain)],
+                part,
+                tip=tip,
+                head=ahead or tip,
+                feature=run.feature,
+                known=run.known,
+            )
+            ridden += [t.id for t, _ in rides]
+            if not rides:
+                continue  # every one of the part left (conflicts, markers, cancels)
+            candidate = Candidate(
+                position=len(chain) + 1, slot=self.slots[len(chain)], rides=rides, ahead=ahead
+            )
+            chain.append(candidate)
+            self._start(run, step, candidate, chain, tip=tip)
+        if ridden != step.tasks:
+            if run.bisection.failing or not ridden:
+                self._discard(run, chain, reason="left")
+                return False  # the evidence was about others: the queue starts over
+            run.bisection.restart(ridden)
+        for index, candidate in enumerate(chain):
+            check = await candidate.verdict()
+            if check is not None and not check.ok:
+                self._failed(run, candidate, check)
+                self._discard(run, chain[index + 1 :], reason="ahead_failed")
+                culprit = run.bisection.failed(candidate.ids)
+                self._bisected(run, culprit=culprit)
+                if culprit is not None:
+                    await self.outcomes.blame(culprit, output=run.output, feature=run.feature)
+                return True
+            landed = await self._land(run, step, candidate, chain, tip=tip)
+            if landed == "landed":
+                continue
+            self._discard(run, chain[index + 1 :], reason=landed)
+            if landed == "abandoned":
+                return False  # a cancel: the queue merges the rest again
+            run.moved += 1
+            if run.moved >= CAS_ROUNDS:
+                raise GriddError(
+                    f"feature branch {run.feature!r} kept moving during a merge train",
+                    code="feature_moving",
+                )
+            # Built again on F's new tip; a bisection's evidence was about the old one.
+            return not run.bisection.failing
+        return True
+
+    def _start(
+        self,
+        run: _Run,
+        step: Gate,
+        candidate: Candidate,
+        chain: list[Candidate],
+        *,
+        tip: str,
+    ) -> None:
+        """The candidate's gate, started now, beside those of the candidates ahead."""
+        candidate.started_at = utcnow()
+        if self.settings.check:
+            name = f"merge-gate-{run.batch}-{candidate.position}"
+            # Awaited by this round, in order, or stopped and awaited when it ends.
+            candidate.gate = asyncio.create_task(self._gate(candidate.slot), name=name)
+            # A failure discards the candidates behind at once: they hold its tasks.
+            candidate.gate.add_done_callback(lambda _: self._stop_behind(candidate, chain))
+        self._show(run, chain, tip=tip)
+        self.bus.publish(
+            "merge.batch_started",
+            {
+                "batchId": run.batch,
+                "featureBranch": run.feature,
+                "featureCommit": tip,
+                "candidate": candidate.commit,
+                "tasks": candidate.ids,
+                "retry": step.retry,
+                "bisecting": run.bisection.failing,
+                "position": candidate.position,
+                "ahead": candidate.ahead,
+            },
         )
 
-    def _bisected(self, batch: str, bisection: Bisection, *, culprit: str | None) -> None:
+    async def _gate(self, slot: Integration) -> CheckResult:
+        return await slot.check(self.settings.check, self.settings.check_timeout_seconds)
+
+    def _stop_behind(self, failed: Candidate, chain: list[Candidate]) -> None:
+        if failed.failed:
+            for behind in chain[failed.position :]:
+                if behind.gate is not None:
+                    behind.gate.cancel()
+
+    async def _stop_gates(self, chain: list[Candidate]) -> None:
+        gates = [c.gate for c in chain if c.gate is not None]
+        for gate in gates:
+            gate.cancel()
+        await asyncio.gather(*gates, return_exceptions=True)
+
+    async def _land(
+        self, run: _Run, step: Gate, candidate: Candidate, chain: list[Candidate], *, tip: str
+    ) -> Literal["landed", "feature_moved", "abandoned"]:
+        """The candidate passed, every one ahead of it landed: it lands now, unless F moved
+        or one of its tasks was cancelled (then nobody of it lands)."""
+        candidate.phase = "landing"
+        self.bus.publish(
+            "merge.batch_passed",
+            {
+                "batchId": run.batch,
+                "tasks": candidate.ids,
+                "candidate": candidate.commit,
+                "retried": step.retry,
+            },
+        )
+        if step.retry:
+            self.retries += 1
+        self._show(run, chain, tip=tip)
+        for task, commit in candidate.rides:  # recorded progress
+            self.state.update_task(task.id, merge_commit=commit)
+        await self.pause.wait()
+        rides = [(self.state.tasks.get(t.id, t), c) for t, c in candidate.rides]
+        again = await self.outcomes.land(rides, feature=run.feature, tip=candidate.ahead or tip)
+        self._clear_merge_commits(candidate.rides)
+        if again:  # the user committed to F: merged again on top of their work
+            return "feature_moved"
+        if any(self.outcomes.merging(t) for t in candidate.ids):
+            return "abandoned"
+        candidate.phase = "landed"
+        run.bisection.passed(candidate.ids)
+        return "landed"
+
+    def _failed(self, run: _Run, candidate: Candidate, check: CheckResult) -> None:
+        candidate.phase = "failed"
+        run.output = check.output
+        self.bus.publish(
+            "merge.batch_failed",
+            {
+                "batchId": run.batch,
+                "tasks": candidate.ids,
+                "candidate": candidate.commit,
+                "exitCode": check.exit_code,
+                "output": run.output[-OUTPUT_TAIL:],
+            },
+        )
+
+    def _discard(
+        self, run: _Run, behind: list[Candidate], *, reason: str, quiet: bool = False
+    ) -> None:
+        """Candidates that will not land as built: their gates stopped, and said so."""
+        for candidate in behind:
+            if candidate.phase in ("landed", "failed", "discarded"):
+                continue
+            if candidate.gate is not None:
+                candidate.gate.cancel()
+            candidate.phase = "discarded"
+            if quiet:
+                continue
+            self.bus.publish(
+                "merge.batch_discarded",
+                {
+                    "batchId": run.batch,
+                    "tasks": candidate.ids,
+                    "candidate": candidate.commit,
+                    "position": candidate.position,
+                    "reason": reason,
+                },
+            )
+
+    def _bisected(self, run: _Run, *, culprit: str | None) -> None:
         self.bus.publish(
             "merge.bisected",
             {
-                "batchId": batch,
-                "suspects": [] if culprit else bisection.suspects,
-                "putBack": bisection.put_back,
+                "batchId": run.batch,
+                "suspects": [] if culprit else run.bisection.suspects,
+                "putBack": run.bisection.put_back,
                 "culprit": culprit,
             },
         )
@@ -251,16 +304,30 @@ class Batches:
             if self.outcomes.merging(task.id) is not None:
                 self.state.update_task(task.id, merge_commit=None)
 
-    def _train_view(self, rides: list[tuple[Task, str]], *, tip: str, phase: str) -> None:
-        if self.train is None:
+    def _show(self, run: _Run, chain: list[Candidate], *, tip: str) -> None:
+        if self.train is None or not chain:
             return
+        live = [c for c in chain if c.phase not in ("landed", "discarded")] or chain[-1:]
+        phase = "landing" if any(c.phase == "landing" for c in live) else "gating"
+        started = [c.started_at for c in live if c.started_at is not None]
         self.train = self.train.model_copy(
             update={
                 "phase": phase,
-                "tasks": [t.id for t, _ in rides],
-                "feature_commit": tip,
-                "candidate": rides[-1][1],
-                "gate_started_at": utcnow() if phase == "gating" else self.train.gate_started_at,
+                "tasks": [t for c in live for t in c.ids],
+                "feature_commit": live[0].ahead or tip,
+                "candidate": live[-1].commit,
+                "gate_started_at": min(started) if started else None,
                 "retries": self.retries,
+                "candidates": [
+                    TrainCandidate(
+                        position=c.position,
+                        tasks=c.ids,
+                        candidate=c.commit,
+                        ahead=c.ahead,
+                        phase=c.phase,
+                        gate_started_at=c.started_at,
+                    )
+                    for c in live
+                ],
             }
         )

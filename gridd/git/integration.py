@@ -96,6 +96,12 @@ class Integration:
             await self._git(self.path, "clean", "-q", "-fdx")
             self._untidy = False
 
+    async def ready_at(self, commit: str) -> None:
+        """The worktree clean at ``commit`` for a gate run: made, reset or cleaned only as
+        needed (a merge that just ended here at ``commit`` leaves it so)."""
+        if self._untidy or not (self.path / ".git").exists() or await self.head() != commit:
+            await self.reset(commit)
+
     async def head(self) -> str:
         return (await self._git(self.path, "rev-parse", "--verify", "HEAD^{commit}")).out.strip()
 

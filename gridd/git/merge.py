@@ -45,10 +45,12 @@ from gridd.background import Background
 from gridd.errors import GriddError
 from gridd.events import EventBus
 from gridd.git.batch import CAS_ROUNDS, Batches
-from gridd.git.integration import Conflicted, Integration
+from gridd.git.candidate import Builder
+from gridd.git.integration import Conflicted
 from gridd.git.landing import Landing
 from gridd.git.on_conflict import ConflictPolicy
 from gridd.git.outcomes import MergeGate, Outcomes, PauseSeam, ids_of
+from gridd.git.slots import Slots
 from gridd.git.teardown import Teardown
 from gridd.git.worktrees import GitTimeout, Worktrees, branch_tip
 from gridd.model import MergeTrain, Task, TaskStatus, utcnow
@@ -88,9 +90,15 @@ class MergeQueue:
         self.worktrees = worktrees
         self.root = worktrees.root
         self.timeout = settings.git_timeout_seconds
-        self.integration = Integration(worktrees, integration_dir, git_timeout=self.timeout)
+        self.slots = Slots(
+            worktrees,
+            integration_dir,
+            count=settings.gate_concurrency,
+            git_timeout=self.timeout,
+        )
+        self.integration = self.slots[0]
         self.landing = Landing(
-            worktrees.root, own=(worktrees.dir, integration_dir), git_timeout=self.timeout
+            worktrees.root, own=(worktrees.dir, *self.slots.paths), git_timeout=self.timeout
         )
         self.policy = policy
         self.cleanup = Teardown(settings=settings, state=state, bus=bus, worktrees=worktrees)
@@ -111,10 +119,11 @@ class MergeQueue:
             settings=settings,
             state=state,
             bus=bus,
-            integration=self.integration,
+            slots=self.slots,
+            builder=Builder(
+                settings=settings, outcomes=self.outcomes, policy=policy, gate=self.gate
+            ),
             outcomes=self.outcomes,
-            policy=policy,
-            gate=self.gate,
             pause=self.pause,
         )
         self._wake = asyncio.Event()
@@ -131,13 +140,23 @@ class MergeQueue:
     def start(self) -> None:
         self.background.supervise("merge-queue", self.run)
 
+    @property
+    def capacity(self) -> int:
+        """Tasks one train takes: up to ``max_batch`` per candidate, ``gate_concurrency``
+        candidates at once; 1 without a check (no gate run to share: one at a time)."""
+        if not self.settings.check:
+            return 1
+        return self.settings.max_batch * self.settings.gate_concurrency
+
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         try:
             for lock in await self.landing.sweep():
                 log.warning("removed %s, left by a merge landing when its daemon died", lock)
+            for slot in await self.slots.sweep():
+                log.info("removed %s: past [merge] gate_concurrency", slot)
         except GriddError as exc:
-            log.warning("looking for locks left by an earlier landing: %s", exc.message)
+            log.warning("looking for what an earlier merge left: %s", exc.message)
         while True:
             now = loop.time()
             queued = queue_order(list(self.state.tasks.values()))
@@ -157,8 +176,8 @@ class MergeQueue:
             if wait > 0:  # approvals arriving together ride together
                 await asyncio.sleep(wait)
                 continue
-            if len(due) > 1 and self.settings.max_batch > 1:
-                await self._run_batch(due[: self.settings.max_batch])
+            if len(due) > 1 and self.capacity > 1:
+                await self._run_batch(due[: self.capacity])
                 continue
             task = due[0]
             self.current = task.id
@@ -180,7 +199,7 @@ class MergeQueue:
 
     def _batch_wait(self, due: list[Task]) -> float:
         """How long to wait for more approvals before the train leaves (0: now)."""
-        if self.settings.max_batch <= 1 or len(due) >= self.settings.max_batch:
+        if self.capacity <= 1 or len(due) >= self.capacity:
             return 0.0
         oldest = due[0].merge_queued_at
         if oldest is None:

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -142,6 +143,49 @@ async def test_a_cancelled_boxed_run_is_stopped_in_its_box_and_the_box_goes(
             await until(lambda: list(boxes.find({})) == [], what="the box removed")
     finally:
         kill_workspace_agents(repo)
+
+
+class RecordingBoxes(DirectoryBoxes):
+    """Boxes that note which thread each ``put`` came from."""
+
+    def __init__(self, base: Path) -> None:
+        super().__init__(base)
+        self.puts_on_loop: list[bool] = []
+
+    def exec(self, name: str, args: list[str], *, stdin: bytes = b"") -> bytes:
+        if args[0] == "put":
+            self.puts_on_loop.append(threading.current_thread() is threading.main_thread())
+        return super().exec(name, args, stdin=stdin)
+
+
+async def test_an_answer_to_a_boxed_run_is_put_in_off_the_event_loop(
+    repo: Path, tmp_path: Path
+) -> None:
+    engine = RecordingBoxes(tmp_path / "boxes")
+    try:
+        async with inprocess_daemon(
+            repo,
+            config(reader=agent_command("read_line.py")),
+            executor=RemoteExecutor(engine, workspace=repo),
+        ) as daemon:
+            grid: Grid = daemon.grid
+            start_tasks(grid, {"id": "raw", "title": "read a line"})
+            await until(
+                lambda: any(
+                    a.last_output == "ready for a line" for a in grid.state.agents.values()
+                ),
+                what="the boxed agent's first line",
+            )
+            [agent] = grid.state.agents.values()
+            grid.commands.respond(agent.id, "queued, then put")  # returns before any exec
+            await until(lambda: grid.state.tasks["raw"].status == TaskStatus.REVIEW, what="review")
+            assert git_show(repo, "grid/raw:answer.txt") == "queued, then put\n"
+            assert engine.puts_on_loop == [False]  # by the mirror's thread, once
+            assert not list((Path(agent.run_dir) / "outbox").iterdir())  # delivered, let go
+    finally:
+        kill_workspace_agents(repo)
+        for box in engine.find({}):
+            engine.remove(box.name)
 
 
 def test_the_in_box_inbox_keeps_each_numbered_message_once(boxes: DirectoryBoxes) -> None:

@@ -17,6 +17,7 @@ import logging
 import os
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 #: Bytes of each file per look: a flood is copied over several looks, in order.
 CHUNK = 1 << 20
 MIRRORED = ("output.log", "heartbeat.ndjson")
+#: Messages for the box's inbox not yet in it (``<seq>.msg``, ``<seq>.close``).
+OUTBOX = "outbox"
 
 
 @dataclass
@@ -49,6 +52,7 @@ class RunMirror:
     done: bool = False
     highest_inbox: int = 0
     failures: int = field(default=0, repr=False)
+    outbox_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def exit_path(self) -> Path:
         return self.run_dir / "exit.json"
@@ -87,6 +91,8 @@ class RunMirror:
         state = json.loads(head)
         self.agent = state.get("agent") or self.agent
         self.highest_inbox = max(self.highest_inbox, int(state.get("inbox") or 0))
+        if state.get("exit") is None:
+            self._deliver()
         copied = 0
         for name in MIRRORED:
             n = int(state["sizes"][name])
@@ -102,6 +108,55 @@ class RunMirror:
             self._finish(box_exit)
             return True
         return copied > 0
+
+    # -- stdin: the outbox ---------------------------------------------------------------
+
+    def queue(self, data: bytes, kind: str) -> int:
+        """Keep a message for the box's inbox, numbered after every earlier one; the next
+        look puts it in (``_deliver``), off the event loop. On disk first (``outbox/``), so
+        a restarted daemon still delivers it, and the box keeps each number once."""
+        with self.outbox_lock:
+            pending = self._pending()
+            seq = max(self.highest_inbox, pending[-1][0] if pending else 0) + 1
+            folder = self.run_dir / OUTBOX
+            folder.mkdir(exist_ok=True)
+            _write_atomic(folder / f"{seq:08d}.{kind}", data)
+            return seq
+
+    def _pending(self) -> list[tuple[int, str, Path]]:
+        try:
+            names = os.listdir(self.run_dir / OUTBOX)
+        except FileNotFoundError:
+            return []
+        found = []
+        for name in names:
+            seq, _, kind = name.partition(".")
+            if seq.isdigit() and kind in ("msg", "close"):
+                found.append((int(seq), kind, self.run_dir / OUTBOX / name))
+        return sorted(found)
+
+    def _deliver(self) -> None:
+        """Put what the outbox holds into the box, in order, each once; what the box could
+        not take now stays for the next look."""
+        with self.outbox_lock:
+            pending = self._pending()
+        for seq, kind, path in pending:
+            if seq > self.highest_inbox:
+                data = path.read_bytes()
+                try:
+                    answer = self.engine.exec(
+                        self.box, ["put", str(seq), str(len(data)), kind], stdin=data
+                    )
+                except (BoxGone, BoxError) as exc:  # the next look tries again, or sees it gone
+                    log.warning("run %s: inbox message %d not put: %s", self.run_dir.name, seq, exc)
+                    return
+                if answer.strip() not in (b"new", b"dup"):
+                    log.warning(
+                        "run %s: inbox message %d not taken: %r", self.run_dir.name, seq, answer
+                    )
+                    return
+                self.highest_inbox = seq
+            path.unlink(missing_ok=True)
 
     def _finish(self, box_exit: dict[str, Any], *, reason: str | None = None) -> None:
         record = {

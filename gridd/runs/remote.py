@@ -12,8 +12,9 @@ An ``Executor`` (``runs/executor.py``) over an ``Engine`` (``runs/boxes.py``). A
 From then on one thread keeps every run's mirror (``runs/mirror.py``): output and
 heartbeats copied by offset, and ``exit.json`` written last, once the output is drained
 and the result branch is in the task's worktree. Then the box is removed. Stdin goes to
-the box's inbox (``write_stdin``: numbered messages, each put once); a signal is the
-shim's ``signal`` command. A restarted daemon finds a run's box again by its name
+the box's inbox (``write_stdin``: numbered messages, queued in the run's ``outbox/`` and
+put in by the mirror's thread, each once); a signal is the shim's ``signal`` command (the
+pool sends it off the event loop). A restarted daemon finds a run's box again by its name
 (``reattach``) and the mirror resumes from the sizes its files have.
 """
 
@@ -25,7 +26,7 @@ import json
 import logging
 import subprocess
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from gridd.errors import Conflict, GriddError
@@ -72,10 +73,10 @@ class RemoteHandle:
     shim_pid: int | None = None
     shim_create_time: float | None = None
 
-    def __init__(self, mirror: RunMirror, lock: threading.Lock) -> None:
+    def __init__(self, mirror: RunMirror, wake: Callable[[], None]) -> None:
         self.mirror = mirror
         self.run_dir = mirror.run_dir
-        self._lock = lock  # one inbox message at a time: their numbers are in order
+        self._wake = wake  # the mirror's thread, to put a queued message in at once
         self.pid: int | None = None
         self.create_time: float | None = None
         self._pick_up()
@@ -126,20 +127,15 @@ class RemoteHandle:
         return answer.strip() != b"0"
 
     def _put(self, data: bytes, kind: str) -> None:
-        with self._lock:
-            seq = self.mirror.highest_inbox + 1
-            try:
-                answer = self.mirror.engine.exec(
-                    self.mirror.box, ["put", str(seq), str(len(data)), kind], stdin=data
-                )
-            except BoxGone:
-                raise Conflict(
-                    "the agent's box is gone; it is not reading its stdin",
-                    code="agent_not_listening",
-                ) from None
-            if answer.strip() != b"new":
-                raise Conflict(f"inbox message {seq} was not taken ({answer!r})", code="stdin_full")
-            self.mirror.highest_inbox = seq
+        """Queued for the box's inbox (``RunMirror.queue``) and put in by the mirror's
+        thread: never an exec on the event loop."""
+        if self.mirror.lost is not None:
+            raise Conflict(
+                "the agent's box is gone; it is not reading its stdin",
+                code="agent_not_listening",
+            )
+        self.mirror.queue(data, kind)
+        self._wake()
 
     def close_stdin(self) -> bool:
         if not self.alive():
@@ -178,7 +174,7 @@ class RemoteExecutor:
         self.labels |= labels or {}
         self.mirrors: dict[Path, RunMirror] = {}
         self._lock = threading.Lock()
-        self._inbox_lock = threading.Lock()
+        self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -196,13 +192,19 @@ class RemoteExecutor:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         with self._lock:
             thread, self._thread = self._thread, None
         if thread is not None:
             thread.join()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.look_seconds):
+        while not self._stop.is_set():
+            # Every look_seconds, or at once when a message waits in an outbox.
+            self._wake.wait(self.look_seconds)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
             with self._lock:
                 mirrors = list(self.mirrors.values())
             for mirror in mirrors:
@@ -242,7 +244,7 @@ class RemoteExecutor:
                 code="sandbox_unavailable",
             )
         mirror = await asyncio.to_thread(self._create, launch)
-        handle = RemoteHandle(mirror, self._inbox_lock)
+        handle = RemoteHandle(mirror, self._wake.set)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.spawn_timeout
         while handle.pid is None and handle.exit_status() is None:
@@ -347,11 +349,11 @@ class RemoteExecutor:
             )
             mirror.lost = "the daemon died before it made the run's box"
             mirror.running = False
-            return RemoteHandle(mirror, self._inbox_lock)
+            return RemoteHandle(mirror, self._wake.set)
         with self._lock:
             known = self.mirrors.get(run_dir)
         mirror = known or self._mirror(run_dir, remote)
-        return RemoteHandle(mirror, self._inbox_lock)
+        return RemoteHandle(mirror, self._wake.set)
 
     def fence(self, run_dir: Path) -> bool:
         """A run recorded but not known to run: its box, if there is one, runs it (False);

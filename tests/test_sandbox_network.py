@@ -10,6 +10,7 @@ with the sandbox off (the control), where it works, so the tests prove the sandb
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -363,3 +364,34 @@ def test_gridctl_logs_follow_says_what_the_sandbox_refused(
             follower.kill()
     assert "asked HTTP/1.1 403 Forbidden" in out, out
     assert f"gridctl: sandbox refused network 127.0.0.1:{forbidden.port}\n" in err, err
+
+
+def test_a_run_holds_at_most_its_share_of_proxy_connections() -> None:
+    """Past ``MAX_CONNECTIONS`` open at once, the proxy answers 503 and holds nothing more;
+    one closed makes room again. Nothing is allocated for the relay before a connection
+    is allowed."""
+
+    async def scenario() -> tuple[bytes, bytes]:
+        proxies = egress.EgressProxies(lambda *denied: None)
+        port = await proxies.open("run", ["example.invalid"])
+        held = [
+            await asyncio.open_connection("127.0.0.1", port) for _ in range(egress.MAX_CONNECTIONS)
+        ]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        refused = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        freed_reader, freed = held.pop()
+        freed.write_eof()
+        await asyncio.wait_for(freed_reader.read(), 10)  # the proxy closed its end: freed
+        again_reader, again = await asyncio.open_connection("127.0.0.1", port)
+        again.write(b"CONNECT elsewhere.invalid:443 HTTP/1.1\r\n\r\n")
+        answered = await asyncio.wait_for(again_reader.readline(), 10)
+        for _, w in held:
+            w.close()
+        again.close()
+        proxies.close_all()
+        return refused, answered
+
+    refused, answered = asyncio.run(scenario())
+    assert refused.startswith(b"HTTP/1.1 503 "), refused
+    assert answered.startswith(b"HTTP/1.1 403 "), answered

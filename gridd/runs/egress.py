@@ -37,8 +37,11 @@ log = logging.getLogger(__name__)
 #: timeout; the upstream connection must be made within the same.
 HEAD_LIMIT = 16 * 1024
 TIMEOUT_SECONDS = 10.0
-#: Bytes read at once from either end of an allowed connection.
+#: Bytes read at once from either end of an allowed connection (allocated once it is).
 BUFFER = 256 * 1024
+#: Connections of one run open at once; more are answered 503 (a run cannot make the
+#: daemon hold its buffers without end).
+MAX_CONNECTIONS = 64
 #: A host listed without a port: HTTPS and HTTP.
 DEFAULT_PORTS = (443, 80)
 LOOPBACK = "127.0.0.1"
@@ -174,7 +177,7 @@ def parse_head(head: bytes) -> Request:
 
 def answer(status: int, text: str) -> bytes:
     """A whole HTTP answer from the proxy itself."""
-    reason = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway"}[status]
+    reason = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway", 503: "Unavailable"}[status]
     body = (text + "\n").encode()
     return (
         f"HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain\r\n"
@@ -194,10 +197,15 @@ class _End(asyncio.BufferedProtocol):
         self.peer = peer
         self.transport: asyncio.Transport | None = None
         self.ended = False  # the other side sent EOF
-        self.buffer = memoryview(bytearray(BUFFER))
+        self.buffer = memoryview(b"")
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        if not self.buffer:
+            self.buffer = memoryview(bytearray(self.buffer_size()))
         return self.buffer
+
+    def buffer_size(self) -> int:
+        return BUFFER
 
     def buffer_updated(self, nbytes: int) -> None:
         self.data_received(self.buffer[:nbytes])
@@ -254,7 +262,26 @@ class _Client(_End):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        self.proxy.clients += 1
+        if self.proxy.clients > MAX_CONNECTIONS:
+            self._refuse(503, f"gridd sandbox proxy: more than {MAX_CONNECTIONS} connections")
+            return
         self.timer = asyncio.get_running_loop().call_later(TIMEOUT_SECONDS, self._too_slow)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.proxy.clients -= 1
+        if self.timer is not None:
+            self.timer.cancel()
+        super().connection_lost(exc)
+
+    def buffer_size(self) -> int:
+        """A head first (the big buffer once the connection is allowed)."""
+        return BUFFER if self.deciding else HEAD_LIMIT + 1
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self.deciding and len(self.buffer) < BUFFER:
+            self.buffer = memoryview(b"")
+        return super().get_buffer(sizehint)
 
     def data_received(self, data: memoryview) -> None:
         if self.deciding:
@@ -334,6 +361,7 @@ class RunProxy:
         self.server: asyncio.Server | None = None
         self.port = 0
         self.transports: set[asyncio.Transport] = set()
+        self.clients = 0  # the agent's connections open
 
     async def start(self, port: int = 0) -> int:
         loop = asyncio.get_running_loop()

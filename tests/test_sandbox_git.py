@@ -35,6 +35,7 @@ from tests.helpers import (
 )
 from tests.real_cli import agent_of
 from tests.test_claude_real import CLAUDE, claude_profile
+from tests.test_merge_queue import runs, start_conflict
 
 pytestmark = pytest.mark.skipif(landlock.abi_version() < 1, reason="this kernel offers no Landlock")
 
@@ -335,3 +336,35 @@ async def test_a_run_whose_objects_were_packed_still_brings_its_commits_back(rep
     reclaimed = await private.reclaim(tree.path)
     assert reclaimed is not None and reclaimed.problem == ""
     assert _subjects(repo, "main..grid/t") == ["agent: 2", "agent: 1", "agent: 0"]
+
+
+def test_a_sandboxed_agent_sent_back_with_a_conflict_resolves_it_in_its_own_repository(
+    repo: Path, logdir: Path
+) -> None:
+    """The merge queue sends a conflicted task back (the feature branch merged into its
+    worktree, conflicts left): its sandboxed agent sees the merge in its own repository,
+    resolves and stages the files there without committing, and the merge it concluded
+    lands with both sides' lines."""
+    write_core_config(
+        repo,
+        agents={
+            "edit": {
+                "command": agent_command("editor.py", str(logdir), "{prompt}"),
+                "sandbox": {"mode": "workspace", "writable": [str(logdir)]},
+            }
+        },
+        scheduler={"default_agent": "edit"},
+    )
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        start_conflict(c, "agent")
+        c.post("/tasks/y/approve")
+        wait_for(lambda: runs(logdir, "y")[1:], timeout=60, message="y's second run")
+        assert runs(logdir, "y")[1]["resolved"] == ["shared.txt"]
+        wait_task_status(c, "y", "review", timeout=60)
+        c.post("/tasks/y/approve")
+        wait_task_status(c, "y", "done", timeout=60)
+    text = git_show(repo, "feature/clash:shared.txt") or ""
+    assert "line from x" in text and "line from y" in text and "<<<<<<<" not in text
+    parents = _git(repo, "log", "-1", "--format=%P", "grid/y").split()
+    assert len(parents) == 2  # the merge of the feature branch, concluded

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,10 @@ from gridd.git.on_conflict import merge_asker
 from gridd.git.review import keep_review_edits
 from gridd.git.worktrees import Worktrees
 from gridd.ids import new_task_id, task_id_problem
+from gridd.lean import BulkPace
 from gridd.lifecycle import intend_stop, move_task, task_can_move
 from gridd.model import Agent, AgentStatus, Question, SessionState, Task, TaskStatus, utcnow
-from gridd.plan import graph_problems, readiness, undone_dependencies, waves
+from gridd.plan import GraphProblem, graph_problems, readiness, undone_dependencies, waves
 from gridd.pool import AgentPool
 from gridd.questions import QuestionBook
 from gridd.scheduler import Scheduler
@@ -39,6 +41,8 @@ log = logging.getLogger(__name__)
 #: A request creating more tasks than this is built off the event loop and written in
 #: chunks that yield (``Commands.create_tasks_yielding``).
 YIELD_ABOVE = 500
+#: Tasks built, or made ready, per turn of the loop in a big request (about 2 ms each).
+BUILD_CHUNK = 100
 
 _STARTABLE = frozenset(
     {
@@ -136,23 +140,37 @@ class Commands:
         self, specs: list[TaskSpec], *, source: str = "native"
     ) -> list[Task]:
         """``create_tasks`` for a request of any size. Past ``YIELD_ABOVE`` tasks they are
-        built and checked on a worker thread (against a copy of the graph), then written
-        and announced in chunks that yield (``GridState.add_tasks_yielding``): 50,000 tasks
-        never hold the event loop for long. Still all or nothing: an id another request
-        took meanwhile refuses the whole batch, as a duplicate does."""
+        built, made ready and written in chunks of ``BUILD_CHUNK`` with a turn of the loop
+        between them (``lean.BulkPace``, which also keeps the cycle collector's walks short),
+        and checked against the graph on a worker thread: 50,000 tasks never hold the event
+        loop for long. Still all or nothing: an id another request took meanwhile refuses
+        the whole batch, as a duplicate does."""
         if len(specs) <= YIELD_ABOVE:
             return self.create_tasks(specs, source=source)
+        pace = BulkPace()
         existing = {t.id: t.depends_on for t in self.state.tasks.values()}
         statuses = self.state.statuses()
-        ready = await asyncio.to_thread(
-            self._built, specs, source=source, existing=existing, statuses=statuses
+        now = utcnow()
+        tasks: list[Task] = []
+        for start in range(0, len(specs), BUILD_CHUNK):
+            tasks += self._new_tasks(specs[start : start + BUILD_CHUNK], source=source, now=now)
+            await pace.step(BUILD_CHUNK)
+        problems = await asyncio.to_thread(
+            graph_problems, [(t.id, t.depends_on) for t in tasks], existing
         )
+        _refuse(problems, existing)
+        statuses.update((t.id, t.status) for t in tasks)
+        ready: list[Task] = []
+        for start in range(0, len(tasks), BUILD_CHUNK):
+            ready += _readied(tasks[start : start + BUILD_CHUNK], statuses)
+            await pace.step(BUILD_CHUNK)
+        del tasks
         for task in ready:
             if task.id in self.state.tasks:
                 message = f"duplicate task id {task.id!r}"
                 problem = {"kind": "duplicate", "message": message, "ids": [task.id]}
                 raise Conflict(message, code="task_exists", details={"problems": [problem]})
-        return await self.state.add_tasks_yielding(ready)
+        return await self.state.add_tasks_yielding(ready, pace=pace)
 
     def _built(
         self,
@@ -163,10 +181,15 @@ class Commands:
         statuses: dict[str, TaskStatus],
     ) -> list[Task]:
         """The tasks ``specs`` ask for, each ready or not, checked against ``existing``
-        (id -> dependencies) and ``statuses``; the first problem raises. Reads nothing
-        else of the state: ``create_tasks_yielding`` runs it on a worker thread."""
+        (id -> dependencies) and ``statuses``; the first problem raises."""
+        tasks = self._new_tasks(specs, source=source, now=utcnow())
+        _refuse(graph_problems([(t.id, t.depends_on) for t in tasks], existing), existing)
+        return _readied(tasks, {**statuses, **{t.id: t.status for t in tasks}})
+
+    def _new_tasks(self, specs: list[TaskSpec], *, source: str, now: datetime) -> list[Task]:
+        """The tasks ``specs`` ask for, not yet checked against the graph; an unknown agent
+        profile raises."""
         profiles = self.pool.profiles
-        now = utcnow()
         tasks = []
         for spec in specs:
             if spec.agent is not None and spec.agent not in profiles:
@@ -193,26 +216,7 @@ class Commands:
                     updated_at=now,
                 )
             )
-        problems = graph_problems([(t.id, t.depends_on) for t in tasks], existing)
-        if problems:
-            first = problems[0]
-            clash = first.kind == "duplicate" and first.ids[0] in existing
-            cls = Conflict if clash else ValidationFailed
-            raise cls(
-                first.message,
-                code="task_exists" if clash else f"plan_{first.kind}",
-                details={
-                    "problems": [
-                        {"kind": p.kind, "message": p.message, "ids": list(p.ids)} for p in problems
-                    ]
-                },
-            )
-        statuses = {**statuses, **{t.id: t.status for t in tasks}}
-        ready = []
-        for task in tasks:
-            wanted = readiness(task, statuses) or task.status
-            ready.append(task.model_copy(update={"status": wanted}))
-        return ready
+        return tasks
 
     def patch_task(self, task_id: str, patch: TaskPatch) -> Task:
         task = self.task(task_id)
@@ -597,3 +601,27 @@ def _merged_note(task: Task) -> str:
     if task.status == TaskStatus.DONE and task.merge_commit:
         return f" (merged as {task.merge_commit[:12]})"
     return ""
+
+
+def _refuse(problems: list[GraphProblem], existing: dict[str, list[str]]) -> None:
+    """Raise for the first of a new batch's graph ``problems``, listing them all (409 for an
+    id that exists already, else 422)."""
+    if not problems:
+        return
+    first = problems[0]
+    clash = first.kind == "duplicate" and first.ids[0] in existing
+    cls = Conflict if clash else ValidationFailed
+    raise cls(
+        first.message,
+        code="task_exists" if clash else f"plan_{first.kind}",
+        details={
+            "problems": [
+                {"kind": p.kind, "message": p.message, "ids": list(p.ids)} for p in problems
+            ]
+        },
+    )
+
+
+def _readied(tasks: list[Task], statuses: dict[str, TaskStatus]) -> list[Task]:
+    """New ``tasks``, each with the status its dependencies give it."""
+    return [t.model_copy(update={"status": readiness(t, statuses) or t.status}) for t in tasks]

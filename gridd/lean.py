@@ -15,10 +15,21 @@
   collected and everything left is moved out of the collector's sight with
   ``gc.freeze()``. The collector itself is never paused: a start that hangs collects as
   any Python process does.
+
+- **a big request's objects are frozen as it builds them.** A 50,000-task ``POST /tasks``
+  adds about two million objects to the heap (specs, tasks, their rows and events). The
+  collector runs a full collection each time the heap has grown by a quarter, and each walks
+  everything not frozen: measured, a dozen of them took 2.3 s in all, the longest 670 ms,
+  every one holding the interpreter (the event loop included, whichever thread set it off).
+  The request's chunked steps go through ``BulkPace``: a turn of the loop between chunks,
+  and every ``FREEZE_EVERY_ITEMS`` items what was built is collected and frozen, so no
+  collection walks more than a few thousand items' worth. (Frozen objects are still freed
+  when the last reference goes: tasks and specs hold no cycles.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import sys
 import types
@@ -60,6 +71,25 @@ def collect_and_freeze() -> None:
 def freeze_after_start() -> None:
     """The daemon serves: collect and freeze the start's objects a moment later (called on
     the event loop)."""
-    import asyncio
-
     asyncio.get_running_loop().call_later(FREEZE_AFTER_START, collect_and_freeze)
+
+
+#: A big request's new objects are collected and frozen each time it has built this many
+#: items (``BulkPace``): a collection then walks about 50,000 objects, a few milliseconds.
+FREEZE_EVERY_ITEMS = 2_000
+
+
+class BulkPace:
+    """The pace of one big request's chunked work: ``await pace.step(n)`` after each chunk
+    of ``n`` items gives the event loop a turn, and every ``FREEZE_EVERY_ITEMS`` items
+    collects and freezes what was built so far (``collect_and_freeze``)."""
+
+    def __init__(self) -> None:
+        self._unfrozen = 0
+
+    async def step(self, items: int) -> None:
+        self._unfrozen += items
+        if self._unfrozen >= FREEZE_EVERY_ITEMS:
+            self._unfrozen = 0
+            collect_and_freeze()
+        await asyncio.sleep(0)

@@ -11,7 +11,6 @@ make every event megabytes).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Callable, Iterable
@@ -20,6 +19,7 @@ from typing import Any
 from gridd.changes import validated_agent, validated_task
 from gridd.errors import GriddError
 from gridd.events import EventBus
+from gridd.lean import BulkPace
 from gridd.model import (
     Agent,
     AgentStatus,
@@ -105,13 +105,25 @@ class GridState:
         self.touch()
         return tasks
 
-    async def add_tasks_yielding(self, tasks: list[Task]) -> list[Task]:
+    async def add_tasks_yielding(
+        self, tasks: list[Task], *, pace: BulkPace | None = None
+    ) -> list[Task]:
         """``add_tasks`` for a batch of any size without holding the event loop: the rows
-        and the ``tasks.changed`` events (``EVENT_CHUNK`` tasks each) are encoded on a
-        worker thread, then written in one transaction (committed on the store's writer
-        thread) and taken into the cache at once. ``flush`` has nothing left to say about
-        them."""
-        rows, datas, payloads = await asyncio.to_thread(_encoded, tasks)
+        and the ``tasks.changed`` events (``EVENT_CHUNK`` tasks each) are encoded a chunk per
+        turn of the loop (``pace``), then written in one transaction (committed on the
+        store's writer thread) and taken into the cache at once. ``flush`` has nothing left
+        to say about them."""
+        pace = pace or BulkPace()
+        rows: list[tuple[str, str, str]] = []
+        datas: list[dict[str, Any]] = []
+        payloads: list[str] = []
+        for start in range(0, len(tasks), EVENT_CHUNK):
+            chunk = tasks[start : start + EVENT_CHUNK]
+            rows += task_rows(chunk)
+            data = {"tasks": [t.wire() for t in chunk], "partial": True}
+            datas.append(data)
+            payloads.append(encode_payload(data))
+            await pace.step(len(chunk))
         with self.store.transaction():
             self.store.save_task_rows(rows)
             self.bus.publish_many("tasks.changed", datas, payloads=payloads)
@@ -351,16 +363,3 @@ def _no_status(kind: str, changes: dict[str, Any]) -> None:
             f"a {kind}'s status changes only through gridd.lifecycle (move_{kind})",
             details={"fields": sorted(changes)},
         )
-
-
-def _encoded(
-    tasks: list[Task],
-) -> tuple[list[tuple[str, str, str]], list[dict[str, Any]], list[str]]:
-    """Tasks' database rows, and their ``tasks.changed`` events' data and encodings
-    (``add_tasks_yielding``'s worker thread)."""
-    wires = [t.wire() for t in tasks]
-    datas = [
-        {"tasks": wires[start : start + EVENT_CHUNK], "partial": True}
-        for start in range(0, len(wires), EVENT_CHUNK)
-    ]
-    return task_rows(tasks), datas, [encode_payload(d) for d in datas]

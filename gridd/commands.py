@@ -144,32 +144,25 @@ class Commands:
         between them (``lean.BulkPace``, which also keeps the cycle collector's walks short),
         and checked against the graph on a worker thread: 50,000 tasks never hold the event
         loop for long. Still all or nothing: an id another request took meanwhile refuses
-        the whole batch, as a duplicate does."""
+        the whole batch, as a duplicate does (``GridState.add_tasks_yielding``)."""
         if len(specs) <= YIELD_ABOVE:
             return self.create_tasks(specs, source=source)
         pace = BulkPace()
-        existing = {t.id: t.depends_on for t in self.state.tasks.values()}
-        statuses = self.state.statuses()
+        known = list(self.state.tasks.values())  # the graph as it is now (a copy)
         now = utcnow()
         tasks: list[Task] = []
         for start in range(0, len(specs), BUILD_CHUNK):
             tasks += self._new_tasks(specs[start : start + BUILD_CHUNK], source=source, now=now)
             await pace.step(BUILD_CHUNK)
-        problems = await asyncio.to_thread(
-            graph_problems, [(t.id, t.depends_on) for t in tasks], existing
-        )
+        problems, existing, statuses = await asyncio.to_thread(_checked, tasks, known)
+        del known
         _refuse(problems, existing)
-        statuses.update((t.id, t.status) for t in tasks)
+        del existing
         ready: list[Task] = []
         for start in range(0, len(tasks), BUILD_CHUNK):
             ready += _readied(tasks[start : start + BUILD_CHUNK], statuses)
             await pace.step(BUILD_CHUNK)
-        del tasks
-        for task in ready:
-            if task.id in self.state.tasks:
-                message = f"duplicate task id {task.id!r}"
-                problem = {"kind": "duplicate", "message": message, "ids": [task.id]}
-                raise Conflict(message, code="task_exists", details={"problems": [problem]})
+        del tasks, statuses
         return await self.state.add_tasks_yielding(ready, pace=pace)
 
     def _built(
@@ -620,6 +613,19 @@ def _refuse(problems: list[GraphProblem], existing: dict[str, list[str]]) -> Non
             ]
         },
     )
+
+
+def _checked(
+    tasks: list[Task], known: list[Task]
+) -> tuple[list[GraphProblem], dict[str, list[str]], dict[str, TaskStatus]]:
+    """A big batch's graph problems against the ``known`` tasks, the known graph (id ->
+    dependencies) and every task's status, new ones included (on a worker thread: it reads
+    only its arguments)."""
+    existing = {t.id: t.depends_on for t in known}
+    problems = graph_problems([(t.id, t.depends_on) for t in tasks], existing)
+    statuses = {t.id: t.status for t in known}
+    statuses.update((t.id, t.status) for t in tasks)
+    return problems, existing, statuses
 
 
 def _readied(tasks: list[Task], statuses: dict[str, TaskStatus]) -> list[Task]:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from gridd.changes import validated_agent, validated_task
-from gridd.errors import GriddError
+from gridd.errors import Conflict, GriddError
 from gridd.events import EventBus
 from gridd.lean import BulkPace
 from gridd.model import (
@@ -112,27 +112,35 @@ class GridState:
         and the ``tasks.changed`` events (``EVENT_CHUNK`` tasks each) are encoded a chunk per
         turn of the loop (``pace``), then written in one transaction (committed on the
         store's writer thread) and taken into the cache at once. ``flush`` has nothing left
-        to say about them."""
+        to say about them. An id taken meanwhile (by another request, while this one was
+        encoded) refuses the whole batch, as a duplicate does."""
         pace = pace or BulkPace()
         rows: list[tuple[str, str, str]] = []
         datas: list[dict[str, Any]] = []
         payloads: list[str] = []
+        by_id: dict[str, Task] = {}
         for start in range(0, len(tasks), EVENT_CHUNK):
             chunk = tasks[start : start + EVENT_CHUNK]
             rows += task_rows(chunk)
             data = {"tasks": [t.wire() for t in chunk], "partial": True}
             datas.append(data)
             payloads.append(encode_payload(data))
+            by_id.update((t.id, t) for t in chunk)
             await pace.step(len(chunk))
+        if not self.tasks.keys().isdisjoint(by_id):  # taken meanwhile by another request
+            taken = next(task_id for task_id in by_id if task_id in self.tasks)
+            message = f"duplicate task id {taken!r}"
+            problem = {"kind": "duplicate", "message": message, "ids": [taken]}
+            raise Conflict(message, code="task_exists", details={"problems": [problem]})
         with self.store.transaction():
             self.store.save_task_rows(rows)
             self.bus.publish_many("tasks.changed", datas, payloads=payloads)
         del rows, datas, payloads
         # All at once (a dict update), as ``_remember`` would one by one: new tasks have no
         # cached encoding, and these need no flush.
-        self.tasks.update((t.id, t) for t in tasks)
-        for task in tasks:
-            self._dirty.pop(task.id, None)
+        self.tasks.update(by_id)
+        for task_id in [i for i in self._dirty if i in by_id]:
+            del self._dirty[task_id]
         self._tasks_blob = None
         self._task_counts = None
         self.touch()

@@ -335,3 +335,39 @@ async def test_a_big_batch_of_events_is_fanned_out_over_several_turns_in_order(
     finally:
         counter.cancel()
         store.close()
+
+
+def test_two_big_posts_of_the_same_ids_at_once_create_them_once(repo: Path) -> None:
+    """Two lists of the same 2,000 ids posted at the same moment, each built and encoded
+    over many turns of the loop: one is created, the other refused whole (409), and the
+    tasks are the first one's. Before, an id taken while a batch was being encoded was
+    not seen, and the second batch overwrote the first (both answered 201)."""
+    write_config(repo, "[scheduler]\nstep_mode = true\n")
+    bodies = {
+        who: json.dumps(
+            [{"id": f"same-{n}", "title": f"{who} {n}", "prompt": "p"} for n in range(2000)]
+        )
+        for who in ("left", "right")
+    }
+    with running_daemon(repo) as daemon:
+        answers: dict[str, int] = {}
+        ready = threading.Barrier(2)
+
+        def post(who: str) -> None:
+            with uds_client(daemon.sock, timeout=120) as http:
+                ready.wait()
+                response = http.post(
+                    "/tasks", content=bodies[who], headers={"content-type": "application/json"}
+                )
+                answers[who] = response.status_code
+
+        posters = [threading.Thread(target=post, args=(who,)) for who in bodies]
+        for poster in posters:
+            poster.start()
+        for poster in posters:
+            poster.join(120)
+        assert sorted(answers.values()) == [201, 409], answers
+        (winner,) = [who for who, status in answers.items() if status == 201]
+        tasks = daemon.client().get("/tasks")
+        assert len(tasks) == 2000
+        assert {t["title"].split()[0] for t in tasks} == {winner}

@@ -43,6 +43,7 @@ BENCHMARKS: list[str] = [
     "merge",
     "train",
     "flood",
+    "bulk",
     "claude_finish",
 ]
 

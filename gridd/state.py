@@ -132,7 +132,7 @@ class GridState:
             message = f"duplicate task id {taken!r}"
             problem = {"kind": "duplicate", "message": message, "ids": [taken]}
             raise Conflict(message, code="task_exists", details={"problems": [problem]})
-        with self.store.transaction():
+        with self.store.transaction(wait=False):  # seconds to commit: never waited for here
             self.store.save_task_rows(rows)
             self.bus.publish_many("tasks.changed", datas, payloads=payloads)
         del rows, datas, payloads

@@ -302,16 +302,16 @@ class Store:
             return None
         return self._submit(Batch([op]), [undo] if undo is not None else [])
 
-    def _submit(self, batch: Batch, undo: list[Callable[[], None]]) -> Any:
+    def _submit(self, batch: Batch, undo: list[Callable[[], None]], *, wait: bool = True) -> Any:
         """Hand ``batch`` to the writer. Outside an event loop, or when nothing is queued
-        before it, wait for its commit (up to ``SYNC_WAIT_SECONDS`` on a loop): its failure
+        before it (and ``wait``), wait for its commit (up to ``SYNC_WAIT_SECONDS`` on a loop): its failure
         is then the caller's, raised here with the batch rolled back. Otherwise it is queued
         behind the others and its ``callbacks`` run once it has committed."""
         loop = _running_loop()
         if loop is not None:
             self._loop = loop
             batch.notify = self._notify
-            if self._tail is not None:
+            if self._tail is not None or not wait:
                 if self.write_error is not None:
                     for step in reversed(undo):
                         step()
@@ -466,8 +466,11 @@ class Store:
             self.write_error = None
         return self.write_error is None
 
-    def transaction(self) -> _Transaction:
-        return _Transaction(self)
+    def transaction(self, *, wait: bool = True) -> _Transaction:
+        """Writes gathered and committed as one batch (``_Transaction``). ``wait=False`` for
+        a batch known to take long (50,000 tasks): on the loop it is queued at once instead
+        of holding the loop ``SYNC_WAIT_SECONDS`` first, as if that wait had run out."""
+        return _Transaction(self, wait=wait)
 
     @property
     def in_transaction(self) -> bool:
@@ -870,8 +873,9 @@ class _Transaction:
     registered with ``after_commit`` inside it (the event bus's fan-out) run only once it
     has committed."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, wait: bool = True) -> None:
         self._store = store
+        self._wait = wait
 
     def __enter__(self) -> None:
         if self._store._open is not None:
@@ -894,7 +898,7 @@ class _Transaction:
             return
         batch = Batch(gathered.ops)
         batch.callbacks = gathered.callbacks
-        store._submit(batch, gathered.undo)
+        store._submit(batch, gathered.undo, wait=self._wait)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

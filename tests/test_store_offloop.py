@@ -371,3 +371,30 @@ def test_two_big_posts_of_the_same_ids_at_once_create_them_once(repo: Path) -> N
         tasks = daemon.client().get("/tasks")
         assert len(tasks) == 2000
         assert {t["title"].split()[0] for t in tasks} == {winner}
+
+
+async def test_a_transaction_not_waited_for_is_queued_at_once_and_heard_once_committed(
+    tmp_path: Path,
+) -> None:
+    """``transaction(wait=False)`` (a 50,000-task batch's write) hands the batch to the
+    writer and returns without waiting for its commit, even on a free database: what waits
+    for the commit (an event's fan-out) runs once it has. A waited-for one has committed
+    when its block ends."""
+    from gridd.store import Store
+
+    store = Store.open(tmp_path / "gridd.db")
+    try:
+        committed: list[str] = []
+        with store.transaction():
+            store.set_meta("waited", "1")
+            store.after_commit(lambda: committed.append("waited"))
+        assert committed == ["waited"]
+        with store.transaction(wait=False):
+            store.set_meta("queued", "1")
+            store.after_commit(lambda: committed.append("queued"))
+        assert committed == ["waited"]  # not before a later turn of the loop
+        await store.durable()
+        assert committed == ["waited", "queued"]
+        assert store.get_meta("queued") == "1"
+    finally:
+        store.close()

@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from gridd import memory
 from gridd.api.errors import validate, validation_details
@@ -115,8 +116,21 @@ def wire_many(models: list[WireModel], *, status: int = 200) -> Response:
     pieces, and the memory is handed back once the last is sent."""
     if len(models) <= YIELD_ABOVE:
         return JSONResponse([m.wire() for m in models], status_code=status)
-    response = StreamingResponse(_pieces(models), status_code=status, media_type="application/json")
+    response = _Streamed(_pieces(models), status_code=status, media_type="application/json")
     return answered_big(response, len(models))
+
+
+class _Streamed(StreamingResponse):
+    """A ``StreamingResponse`` that sends its pieces in the request's own task. uvicorn
+    speaks ASGI 2.3, for which Starlette sends beside a disconnect listener in an anyio task
+    group: the first big answer imported anyio's asyncio backend on the loop (60 ms idle,
+    350 ms measured on a loaded machine). A client gone meanwhile is not listened for:
+    uvicorn drops what is sent after it left, and the pieces left are encoded for nothing."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.stream_response(send)
+        if self.background is not None:
+            await self.background()
 
 
 async def _pieces(models: list[WireModel]) -> AsyncIterator[bytes]:

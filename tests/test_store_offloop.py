@@ -254,13 +254,13 @@ def test_a_50000_task_post_never_holds_the_loop_for_long_and_gives_its_memory_ba
     (13.7 s of a 15.7 s POST here) and the daemon kept 430 MB where one started with the
     same tasks holds 275.
 
-    The issue's bound for ``/health`` meanwhile, p99 under 100 ms, is not asserted: on a
-    machine as loaded as the one this was written on (load average 10-13 on 2 cores) even
-    an idle daemon's p99 is 30 ms and the request's own CPU work (seconds, on a worker
-    thread) costs the loop its turns; the longest wait is asserted relative to the request
-    instead. (Step mode keeps the scheduler from planning: its pass over 50,000 tasks is a
-    cost of its own, not this request's.)"""
-    write_config(repo, "[scheduler]\nstep_mode = true\n")
+    The issue's bound for ``/health`` meanwhile, p99 under 100 ms, is not asserted here:
+    it is a figure, measured by ``bench/bench_bulk.py`` against the same daemon's idle p99.
+    On a machine as loaded as the one this was written on (load average 6-15 on 2 cores)
+    even an idle daemon's p99 is 10-130 ms, and a prober falling behind its schedule never
+    catches up; the longest wait is asserted relative to the request instead. The scheduler
+    runs: its pass over the 50,000 new tasks (planned off the loop) is part of what is
+    measured."""
     # Encoded before and decoded after the probing: the client's own JSON work would
     # otherwise hold up the probe thread (one interpreter), not the daemon.
     body = json.dumps([{"title": f"task {n}", "prompt": "do it"} for n in range(BIG)])

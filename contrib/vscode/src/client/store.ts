@@ -124,6 +124,15 @@ export class RepoStore {
         }
         return before !== s.pendingQuestions.length;
       }
+      case "agent.sandbox_denied": {
+        // What its sandbox refused it (rate-limited by the daemon: `unreported` more before).
+        const agent = this.agent(str(d["agentId"]));
+        if (!agent) return false;
+        const unreported = typeof d["unreported"] === "number" ? d["unreported"] : 0;
+        agent.sandboxDenied = (agent.sandboxDenied ?? 0) + 1 + unreported;
+        agent.lastDenied = str(d["target"]);
+        return true;
+      }
       case "agent.stalled":
       case "agent.recovered": {
         const agent = this.agent(str(d["agentId"]));

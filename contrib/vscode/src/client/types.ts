@@ -43,6 +43,9 @@ export interface Agent {
   outputSeq?: number;
   costUsd?: number;
   stalled?: boolean;
+  /** Refusals by its sandbox seen live (`agent.sandbox_denied`), and the last target. */
+  sandboxDenied?: number;
+  lastDenied?: string;
   worktreePath?: string | null;
   [key: string]: unknown;
 }

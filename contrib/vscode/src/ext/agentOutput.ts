@@ -59,6 +59,12 @@ export class AgentOutputs implements vscode.Disposable {
     this.hooked.add(conn);
     this.subscriptions.push(
       conn.onEvent((event) => {
+        if (event.type === "agent.sandbox_denied") {
+          // Said in its output channel, as gridctl logs --follow says it on stderr.
+          const denied = this.followed.get(`${conn.root}\0${String(event.data["agentId"])}`);
+          denied?.channel.appendLine(`[gridd: the sandbox refused ${String(event.data["kind"])} ${String(event.data["target"])}]`);
+          return;
+        }
         if (event.type !== "agent.output") return;
         const agentId = String(event.data["agentId"]);
         const entry = this.followed.get(`${conn.root}\0${agentId}`);

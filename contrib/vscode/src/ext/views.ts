@@ -187,6 +187,7 @@ export function agentDescription(a: Agent): string {
   if (a.lastOutput) parts.push(`“${String(a.lastOutput).slice(0, 80)}”`);
   parts.push(money(a.costUsd ?? 0));
   if (a.stalled) parts.push("stalled");
+  if (a.sandboxDenied) parts.push(`sandbox refused ${a.sandboxDenied} (last: ${a.lastDenied ?? "?"})`);
   return parts.join(" · ");
 }
 

@@ -84,3 +84,15 @@ test("output: live chunks in order are written once; a gap is filled from output
   assert.equal(f.shown, 5);
   assert.deepEqual(asked.slice(0, 2), [1, 3]);
 });
+
+test("what a run's sandbox refused is counted on its agent, with the last target", () => {
+  const s = new RepoStore();
+  s.accept(snapshot(0));
+  s.apply({ id: 1, type: "agent.spawned", data: { agentId: "box-1", taskId: "a", worktree: "/w" } });
+  assert.equal(s.apply({ id: 2, type: "agent.sandbox_denied", data: { agentId: "box-1", taskId: "a", kind: "network", target: "evil.test:443", unreported: 0 } }), true);
+  assert.equal(s.agent("box-1")?.sandboxDenied, 1);
+  s.apply({ id: 3, type: "agent.sandbox_denied", data: { agentId: "box-1", taskId: "a", kind: "network", target: "other.test:80", unreported: 4 } });
+  assert.equal(s.agent("box-1")?.sandboxDenied, 6, "the refusals held back count too");
+  assert.equal(s.agent("box-1")?.lastDenied, "other.test:80");
+  assert.equal(s.apply({ id: 4, type: "agent.sandbox_denied", data: { agentId: "gone-1", target: "x:1" } }), false);
+});

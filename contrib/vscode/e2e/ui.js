@@ -5,6 +5,7 @@
  */
 "use strict";
 
+const { execFileSync } = require("node:child_process");
 const fs = require("node:fs");
 const path = require("node:path");
 
@@ -38,7 +39,7 @@ async function runUi(out) {
     ws: repo,
     linkExtension: true,
     env: { XDG_STATE_HOME: stateHome },
-    settings: { "gridd.gridctlPath": path.join(path.dirname(PYTHON), "gridctl") },
+    settings: { "gridd.gridctlPath": path.join(path.dirname(PYTHON), "gridctl"), "files.autoSave": "off" },
   });
   await cs.start();
   const browser = await launchBrowser(out);
@@ -239,6 +240,25 @@ async function runUi(out) {
       await waitFor(async () => !(await view.getByText("ask4 · red / blue").first().isVisible()), "ask4's question to leave the view", 10000);
     });
 
+    await run.step("Add Task takes a prompt of several lines, written in an editor", async () => {
+      await palette("Gridd: Add Task");
+      await page.locator(".quick-input-widget", { hasText: "Task title" }).waitFor({ timeout: 10000 });
+      await page.locator(".quick-input-widget input").fill("Write the release notes");
+      await page.keyboard.press("Enter");
+      const toast = page.locator(".notification-toast", { hasText: 'write the prompt for "Write the release notes"' }).first();
+      await toast.waitFor({ timeout: 10000 });
+      await page.locator(".monaco-editor .view-lines", { hasText: "Prompt for the agent of" }).first().waitFor({ timeout: 10000 });
+      await page.keyboard.type("List what changed.");
+      await page.keyboard.press("Enter");
+      await page.keyboard.type("Keep it short.");
+      await toast.getByRole("button", { name: "Add Task", exact: true }).click();
+      await page.locator('.quick-input-widget input[placeholder^="Depends on"]').waitFor({ timeout: 10000 }); // none
+      await page.keyboard.press("Enter");
+      const created = await waitFor(async () => (await api(sock, "GET", "/tasks")).find((t) => t.title === "Write the release notes"), "the task to be created", 10000);
+      await api(sock, "DELETE", `/tasks/${created.id}`); // not part of what follows
+      if (!/^List what changed\.\s*\n\s*Keep it short\.$/.test(created.prompt)) throw new Error(`prompt: ${JSON.stringify(created.prompt)}`);
+    });
+
     await run.step("a question answered elsewhere leaves the views and its toast", async () => {
       await api(sock, "POST", "/tasks", { id: "ask3", title: "Ask again", agent: "asker" });
       await api(sock, "POST", "/tasks/ask3/start");
@@ -274,7 +294,7 @@ async function runUi(out) {
       if (t.status !== "review" || !(t.conflictUnresolved ?? []).includes("notes.txt")) throw new Error(`ask4: ${t.status} ${JSON.stringify(t.conflictUnresolved)}`);
     });
 
-    await run.step("a merge conflict that came back from its agent is marked in its row, with what gridd told the agent", async () => {
+    await run.step("an unsaved review edit is saved and merged at approve after saying so; a merge conflict that came back from its agent is marked in its row, with what gridd told the agent", async () => {
       await view.getByText("every task settled").first().waitFor({ timeout: 10000 }); // the session's stop reason in words, not no_work
       const write = (text) => JSON.stringify({ write: { "clash.txt": text } });
       await api(sock, "POST", "/tasks", [
@@ -283,8 +303,23 @@ async function runUi(out) {
       ]);
       await api(sock, "POST", "/session/start", { featureBranch: "feat-e2e" }); // it stopped by itself once idle
       for (const id of ["c1", "c2"]) await waitFor(async () => (await api(sock, "GET", `/tasks/${id}`)).status === "review", `${id} to reach review`, 30000);
-      await api(sock, "POST", "/tasks/c1/approve");
+      // The reviewer fixes c1's line in its diff (the right side is its worktree) and approves without saving.
+      await palette("Gridd: Open Task Diff", "c1");
+      await choose("c1");
+      await page.locator(".monaco-diff-editor .modified .view-line", { hasText: "line from c1" }).first().click();
+      await page.keyboard.press("End");
+      await page.keyboard.type(" (checked by a reviewer)");
+      await palette("Gridd: Approve Task", "c1");
+      await choose("c1");
+      const unsaved = page.locator(".monaco-dialog-box");
+      await unsaved.waitFor({ timeout: 10000 });
+      const said = await unsaved.innerText();
+      if (!/Your edits to clash\.txt in c1's worktree are not saved\./.test(said) || !/Saved, they are committed on its branch as a review commit/.test(said)) throw new Error(`dialog: ${said}`);
+      await page.screenshot({ path: path.join(out, "approve-unsaved-edits.png") });
+      await unsaved.getByRole("button", { name: "Save and Approve", exact: true }).click();
       await waitFor(async () => (await api(sock, "GET", "/tasks/c1")).status === "done", "c1 to be merged", 30000);
+      const merged = execFileSync("git", ["-C", repo, "show", "feat-e2e:clash.txt"], { encoding: "utf8" });
+      if (merged !== "line from c1 (checked by a reviewer)\n") throw new Error(`the feature branch has ${JSON.stringify(merged)}`);
       await api(sock, "POST", "/tasks/c2/approve"); // conflicts with c1 on the feature branch: back to its agent, which resolves it
       const back = await waitFor(async () => {
         const t = await api(sock, "GET", "/tasks/c2");

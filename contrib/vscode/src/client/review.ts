@@ -117,6 +117,14 @@ export function reviewEditsNote(mode: ReviewEdits | undefined): string {
   return "What the approve does with uncommitted edits in its worktree depends on the daemon's [merge] review_edits (this gridd does not report it; upgrade it to see it here).";
 }
 
+/** What becomes of edits made in a task's worktree but not saved, when it is approved. */
+export function unsavedEditsNote(mode: ReviewEdits | undefined): string {
+  const unsaved = "Not saved, they are not part of what is approved (gridd sees only saved files) and stay in the editor.";
+  if (mode === "commit") return `Saved, they are committed on its branch as a review commit and merged with it (review_edits = commit). ${unsaved}`;
+  if (mode === "refuse") return `Saved, they stop the approve until you commit or discard them (review_edits = refuse). ${unsaved}`;
+  return `Saved, what the approve does with them depends on the daemon's [merge] review_edits. ${unsaved}`;
+}
+
 /** Tasks that reached review since `before` (ids and statuses seen last time). */
 export function newlyInReview(before: ReadonlyMap<string, string> | undefined, tasks: readonly Task[]): Task[] {
   if (!before) return [];

@@ -19,7 +19,7 @@ import { activeDiffTask, pickAndOpenDiff } from "./diff";
 import { guarded } from "./feedback";
 import { branches } from "./git";
 import type { Connections } from "./manager";
-import { cancelImpact, conflictMark, proposeBranch, reviewEditsNote, stopSessionImpact, taskName } from "../client/review";
+import { cancelImpact, conflictMark, proposeBranch, reviewEditsNote, stopSessionImpact, taskName, unsavedEditsNote } from "../client/review";
 import { answerQuestion, askFreeText } from "./questions";
 import { reviewEdits } from "./reviewing";
 import type { Node } from "./views";
@@ -187,7 +187,14 @@ export function registerCommands(ctx: vscode.ExtensionContext, conns: Connection
     const t = targetOf(arg);
     const title = t.title ?? (await vscode.window.showInputBox({ prompt: "Task title", ignoreFocusOut: true }));
     if (!title) return undefined;
-    const prompt = t.prompt ?? (await vscode.window.showInputBox({ prompt: "Prompt for the agent (empty: the title)", ignoreFocusOut: true }));
+    // The prompt is often several paragraphs: written in an editor, not a one-line box.
+    const prompt =
+      t.prompt ??
+      (await writeInEditor({
+        head: `Prompt for the agent of "${title}": what should it do? Write it below (empty: the title is the prompt), then press Add Task in the notification.`,
+        ask: `gridd: write the prompt for "${title}" in the editor, then add the task.`,
+        button: "Add Task",
+      }));
     if (prompt === undefined) return undefined;
     let deps = t.dependsOn;
     if (deps === undefined && conn.state.tasks.length) {
@@ -246,6 +253,7 @@ export function registerCommands(ctx: vscode.ExtensionContext, conns: Connection
       const ok = await vscode.window.showWarningMessage(title, { modal: true, detail }, "Approve Anyway");
       if (ok !== "Approve Anyway") return undefined;
     }
+    if (!targetOf(arg).confirmed && !(await settleUnsavedEdits(sel.conn, task))) return undefined;
     if (markers.length) body["acceptMarkers"] = markers;
     const result = await guarded(sel.conn, () => sel.conn.call<Task>("POST", `/tasks/${encodeURIComponent(task.id)}/approve`, Object.keys(body).length ? { body } : undefined));
     if (result) vscode.window.setStatusBarMessage(`gridd: ${task.id} approved`, 3000);
@@ -343,26 +351,68 @@ export function registerCommands(ctx: vscode.ExtensionContext, conns: Connection
   });
 }
 
-const FEEDBACK_HEAD = /^<!--[\s\S]*?-->/;
+const DRAFT_HEAD = /^<!--[\s\S]*?-->/;
 
-/** Multi-line feedback: written in an untitled editor, sent with the notification's button. */
-async function writeFeedback(task: Task): Promise<string | undefined> {
-  const head = `<!-- Feedback for ${task.id} (${task.title}): what should the agent change? Write it below, then press Send Feedback in the notification. This comment is not sent. -->\n\n`;
-  const doc = await vscode.workspace.openTextDocument({ language: "markdown", content: head });
+/**
+ * Multi-line text (feedback, a prompt): written in an untitled editor below a comment that
+ * says what to write (not sent), and taken with the notification's button. Undefined when
+ * the user cancels; "" when nothing was written.
+ */
+async function writeInEditor(o: { head: string; ask: string; button: string }): Promise<string | undefined> {
+  const doc = await vscode.workspace.openTextDocument({ language: "markdown", content: `<!-- ${o.head} This comment is not sent. -->\n\n` });
   const editor = await vscode.window.showTextDocument(doc, { preview: false });
   const end = doc.lineAt(doc.lineCount - 1).range.end;
   editor.selection = new vscode.Selection(end, end);
-  const choice = await vscode.window.showInformationMessage(`gridd: write the feedback for ${task.id} in the editor, then send it.`, "Send Feedback", "Cancel");
-  const text = doc.getText().replace(FEEDBACK_HEAD, "").trim();
+  const choice = await vscode.window.showInformationMessage(o.ask, o.button, "Cancel");
+  const text = doc.getText().replace(DRAFT_HEAD, "").trim();
   // Close the draft without a save prompt.
   if (!doc.isClosed) {
     await vscode.window.showTextDocument(doc, { preview: false });
     await vscode.commands.executeCommand("workbench.action.revertAndCloseActiveEditor");
   }
-  if (choice !== "Send Feedback") return undefined;
-  if (!text) {
+  return choice === o.button ? text : undefined;
+}
+
+/** Multi-line reject feedback. */
+async function writeFeedback(task: Task): Promise<string | undefined> {
+  const text = await writeInEditor({
+    head: `Feedback for ${task.id} (${task.title}): what should the agent change? Write it below, then press Send Feedback in the notification.`,
+    ask: `gridd: write the feedback for ${task.id} in the editor, then send it.`,
+    button: "Send Feedback",
+  });
+  if (text === "") {
     void vscode.window.showInformationMessage(`gridd: no feedback written; ${task.id} stays in review.`);
     return undefined;
   }
   return text;
+}
+
+/**
+ * Before an approve: edits made in the task's worktree (the right side of its diff) but not
+ * saved are not seen by gridd. Say so, with what the daemon does with saved ones, and save
+ * them on request. False: the user cancelled.
+ */
+async function settleUnsavedEdits(conn: FolderConnection, task: Task): Promise<boolean> {
+  if (!task.worktree) return true;
+  const worktree = path.resolve(conn.root, task.worktree);
+  const unsaved = vscode.workspace.textDocuments.filter((d) => d.isDirty && d.uri.scheme === "file" && d.uri.fsPath.startsWith(worktree + path.sep));
+  if (!unsaved.length) return true;
+  const files = unsaved.map((d) => path.relative(worktree, d.uri.fsPath));
+  const SAVE = "Save and Approve";
+  const choice = await vscode.window.showWarningMessage(
+    `Your edits to ${files.join(", ")} in ${task.id}'s worktree are not saved.`,
+    { modal: true, detail: unsavedEditsNote(reviewEdits(conn)) },
+    SAVE,
+    "Approve Without Them",
+  );
+  if (choice === undefined) return false;
+  if (choice === SAVE) {
+    for (const d of unsaved) {
+      if (!(await d.save())) {
+        void vscode.window.showErrorMessage(`gridd: ${path.relative(worktree, d.uri.fsPath)} could not be saved; ${task.id} was not approved.`);
+        return false;
+      }
+    }
+  }
+  return true;
 }

@@ -15,6 +15,7 @@ import {
   settledMessage,
   stopReasonText,
   taskName,
+  unsavedEditsNote,
   stopSessionImpact,
   type LinkFacts,
 } from "../../src/client/review";
@@ -88,6 +89,8 @@ test("review_edits is what the daemon reports in its state, never a guess from a
   assert.match(reviewEditsNote("commit"), /committed on its branch as a review commit/);
   assert.match(reviewEditsNote("refuse"), /stop the approve/);
   assert.match(reviewEditsNote(undefined), /does not report it/);
+  assert.match(unsavedEditsNote("commit"), /^Saved, they are committed on its branch as a review commit.*Not saved, they are not part of what is approved/);
+  assert.match(unsavedEditsNote("refuse"), /^Saved, they stop the approve until you commit or discard them/);
 });
 
 test("a review notification is due only for tasks that newly reached review after the first load", () => {

@@ -73,6 +73,17 @@ async function runUi(out) {
     await page.locator(".quick-input-list .monaco-list-row", { hasText: label }).first().waitFor({ timeout: 5000 });
     await page.keyboard.press("Enter");
   };
+  /** Text of several lines typed into the draft editor that `asked` (a notification) opened under `head`; returns the notification. */
+  const draft = async (asked, head, lines) => {
+    const toast = page.locator(".notification-toast", { hasText: asked }).first();
+    await toast.waitFor({ timeout: 10000 });
+    await page.locator(".monaco-editor .view-lines", { hasText: head }).first().waitFor({ timeout: 10000 });
+    for (const [n, line] of lines.entries()) {
+      if (n) await page.keyboard.press("Enter");
+      await page.keyboard.type(line);
+    }
+    return toast;
+  };
   const events = async (type) => {
     const ids = [];
     const r = await new Promise((resolve) => {
@@ -208,12 +219,7 @@ async function runUi(out) {
       await palette("Gridd: Reject Task with Feedback", "dep");
       await choose("dep");
       // Multi-line feedback, written in an editor and sent from the notification.
-      const toast = page.locator(".notification-toast", { hasText: "write the feedback for dep" }).first();
-      await toast.waitFor({ timeout: 10000 });
-      await page.locator(".monaco-editor .view-lines", { hasText: "Feedback for dep" }).first().waitFor({ timeout: 10000 });
-      await page.keyboard.type("please also write tests");
-      await page.keyboard.press("Enter");
-      await page.keyboard.type("and keep the answer file");
+      const toast = await draft("write the feedback for dep", "Feedback for dep", ["please also write tests", "and keep the answer file"]);
       await page.screenshot({ path: path.join(out, "reject-multi-line-feedback.png") });
       await toast.getByRole("button", { name: "Send Feedback", exact: true }).click();
       await waitFor(async () => (await events("task.rejected")).some((e) => e.taskId === "dep" && /^please also write tests\s*\n\s*and keep the answer file$/.test(String(e.feedback))), "task.rejected for dep with both lines", 15000);
@@ -245,12 +251,7 @@ async function runUi(out) {
       await page.locator(".quick-input-widget", { hasText: "Task title" }).waitFor({ timeout: 10000 });
       await page.locator(".quick-input-widget input").fill("Write the release notes");
       await page.keyboard.press("Enter");
-      const toast = page.locator(".notification-toast", { hasText: 'write the prompt for "Write the release notes"' }).first();
-      await toast.waitFor({ timeout: 10000 });
-      await page.locator(".monaco-editor .view-lines", { hasText: "Prompt for the agent of" }).first().waitFor({ timeout: 10000 });
-      await page.keyboard.type("List what changed.");
-      await page.keyboard.press("Enter");
-      await page.keyboard.type("Keep it short.");
+      const toast = await draft('write the prompt for "Write the release notes"', "Prompt for the agent of", ["List what changed.", "Keep it short."]);
       await toast.getByRole("button", { name: "Add Task", exact: true }).click();
       await page.locator('.quick-input-widget input[placeholder^="Depends on"]').waitFor({ timeout: 10000 }); // none
       await page.keyboard.press("Enter");

@@ -413,12 +413,14 @@ async function runUi(out) {
       await page.locator(".notification-toast", { hasText: "speaks API 2, this extension speaks API 1" }).first().waitFor({ timeout: 10000 });
       await page.screenshot({ path: path.join(out, "version-mismatch.png") });
     });
-    await run.step("a folder that is not a git repository, or inside one, says what to do", async () => {
+    await run.step("a repository without a daemon, a folder that is not a git repository, or one inside one, says what to do", async () => {
       const plain = fs.mkdtempSync(path.join(require("node:os").tmpdir(), "gvplain"));
+      const idle = makeRepo(); // a repository where gridd was never started
       const sub = path.join(repo, "sub");
       fs.mkdirSync(sub, { recursive: true });
       try {
         for (const [folder, said, shot] of [
+          [idle, "gridd is not running in this repository. Start it: click Start gridd below", "not-running.png"],
           [plain, "This folder is not a git repository", "no-git-repository.png"],
           [sub, `This folder is inside the git repository ${repo}`, "inside-a-repository.png"],
         ]) {
@@ -431,7 +433,7 @@ async function runUi(out) {
           await page.screenshot({ path: path.join(out, shot) });
         }
       } finally {
-        fs.rmSync(plain, { recursive: true, force: true });
+        for (const d of [plain, idle]) fs.rmSync(d, { recursive: true, force: true });
       }
     });
   } finally {

@@ -40,7 +40,9 @@ async def recover(
     live = state.live_agents()
     for agent in live:
         await pool.reattach(agent)
-    await _reclaim_left(state=state, private=private, busy={a.worktree_path for a in live})
+    # After the reattaches: a run fenced there (recorded, never started) is no longer live.
+    busy = {a.worktree_path for a in state.live_agents()}
+    await _reclaim_left(state=state, private=private, busy=busy)
     await _reconcile_worktrees(state=state, worktrees=worktrees, bus=bus)
     log.info("recovered %d agent(s) in %.3fs", len(live), time.monotonic() - started)
 

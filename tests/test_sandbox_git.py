@@ -368,3 +368,50 @@ def test_a_sandboxed_agent_sent_back_with_a_conflict_resolves_it_in_its_own_repo
     assert "line from x" in text and "line from y" in text and "<<<<<<<" not in text
     parents = _git(repo, "log", "-1", "--format=%P", "grid/y").split()
     assert len(parents) == 2  # the merge of the feature branch, concluded
+
+
+def _plain(repo: Path, task_id: str) -> bool:
+    """The task's worktree is a plain linked worktree: its ``.git`` the file naming its git
+    directory, no marker of a run's repository."""
+    admin = repo / ".git" / "worktrees" / task_id
+    dotgit = repo / ".grid" / "worktrees" / task_id / ".git"
+    return dotgit.is_file() and not (admin / MARKER).exists()
+
+
+def test_a_sandboxed_start_that_fails_leaves_its_worktree_a_plain_one(repo: Path) -> None:
+    """The run's repository is made before its process starts; a start refused after that
+    (here: no Landlock, the daemon's seam) gives the worktree back as it was."""
+    _work(repo)
+    with (repo / ".grid" / "config.toml").open("a") as config:
+        config.write("\n[daemon]\nlandlock_abi = 0\n")
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        c.post("/tasks", {"id": "w", "title": "work", "maxAttempts": 1})
+        c.post("/session/start", {"maxAgents": 1})
+        task = wait_task_status(c, "w", "failed", timeout=30)
+    assert "sandbox_unavailable" in str(task["error"])
+    assert _plain(repo, "w")
+
+
+def test_recovery_reclaims_a_runs_repository_no_run_will_use(repo: Path) -> None:
+    """Killed with a run's repository made and its agent not started, the daemon restarts
+    with the task's profile gone from its configuration: the fenced run's task cannot
+    start again (nothing of a start reclaims), and recovery gives its worktree back."""
+    _work(repo, crash="spawn.private_repo")
+    with restartable_daemon(repo) as grid:
+        c = grid.client()
+        c.post("/tasks", {"id": "w", "title": "work", "agent": "boxed", "maxAttempts": 1})
+        with contextlib.suppress(DaemonUnreachable, httpx.TransportError):
+            c.post("/session/start", {"maxAgents": 1})
+        assert grid.daemon is not None
+        assert grid.daemon.proc.wait(60) is not None, "the daemon did not die at its crash point"
+        assert not _plain(repo, "w")
+        write_core_config(
+            repo,
+            agents={"other": {"command": agent_command("git_work.py")}},
+            scheduler={"default_agent": "other", "stop_when_idle": False},
+        )
+        grid.start()
+        task = wait_task_status(c, "w", "failed", timeout=30)
+        assert "unknown agent profile" in str(task["error"])
+        assert _plain(repo, "w")

@@ -372,6 +372,7 @@ class Spawner:
             )
         except (GriddError, OSError) as exc:
             self.ctx.egress.close(agent_id)
+            await self._give_back(worktree.path)
             message = exc.message if isinstance(exc, GriddError) else describe(exc)
             move_agent(
                 self.ctx.state,
@@ -431,6 +432,14 @@ class Spawner:
                 reason = f"could not send the agent its prompt: {message}"
                 self.ctx.bus.publish("agent.warning", {"agentId": agent_id, "warning": reason})
                 self.monitor.stopper.request_stop(agent_id, reason, force=True)
+
+    async def _give_back(self, path: Path) -> None:
+        """The worktree a plain one again after a start that failed: nothing ran in the
+        repository made for the run (a spawn given up on is fenced first)."""
+        try:
+            await self.private.reclaim(path)
+        except (GriddError, OSError) as exc:  # the next start, or recovery, tries again
+            log.warning("the run's own repository in %s is left for later: %s", path, exc)
 
     def _start_failed(
         self,

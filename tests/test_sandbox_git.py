@@ -415,3 +415,20 @@ def test_recovery_reclaims_a_runs_repository_no_run_will_use(repo: Path) -> None
         task = wait_task_status(c, "w", "failed", timeout=30)
         assert "unknown agent profile" in str(task["error"])
         assert _plain(repo, "w")
+
+
+def test_a_sandboxed_agent_fetches_the_repositorys_branches_from_its_origin(repo: Path) -> None:
+    """The run's repository has the task's branch only; its ``origin`` is the repository,
+    which the sandbox lets it read: ``git fetch origin`` brings ``origin/main``."""
+    probe = "git fetch -q origin && git rev-parse origin/main > fetched.txt"
+    write_core_config(
+        repo,
+        agents={"boxed": {"command": ["/bin/sh", "-c", probe], "sandbox": {"mode": "workspace"}}},
+        scheduler={"default_agent": "boxed"},
+    )
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        c.post("/tasks", {"id": "f", "title": "fetch", "maxAttempts": 1})
+        c.post("/session/start", {"maxAgents": 1})
+        wait_task_status(c, "f", "review", timeout=60)
+    assert git_show(repo, "grid/f:fetched.txt") == _git(repo, "rev-parse", "main") + "\n"

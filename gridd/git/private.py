@@ -44,13 +44,13 @@ import asyncio
 import json
 import logging
 import os
-import re
 import shutil
 import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from gridd.git.runfiles import link_objects, merge_head, object_id, read_small, ref_of
 from gridd.git.worktrees import GitError, GitResult, Worktrees, git, pinned_git_dir
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,6 @@ SPARE = "private-spare"
 #: Where ``reclaim`` assembles the repository it fetches from, in ``.grid/``.
 VIEW = "private-fetch"
 PACKED_REFS_HEADER = "# pack-refs with: peeled fully-peeled sorted \n"
-_OBJECT_ID = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
 
 
 @dataclass(frozen=True)
@@ -109,72 +108,6 @@ def _quote(value: str) -> str:
     """A git config value, quoted (a path may hold ``"``, ``\\`` or ``#``)."""
     escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     return f'"{escaped}"'
-
-
-def _object_id(text: str) -> str:
-    match = _OBJECT_ID.match(text.strip())
-    return match.group(0) if match else ""
-
-
-def _read_small(path: Path, limit: int = 4096) -> str:
-    """A small regular file's text, never following a link, never waiting on a FIFO or a
-    device: what a run left may be anything. OSError for anything but a regular file."""
-    return _read_in(path.parent, path.name, limit=limit)
-
-
-def _read_in(top: Path, relative: str, *, limit: int = 4096) -> str:
-    """``_read_small`` of ``top/relative``, following no link at any step below ``top``
-    (``refs/heads/grid`` made a link elsewhere leads nowhere)."""
-    *dirs, name = relative.split("/")
-    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        for part in dirs:
-            below = os.open(
-                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
-            )
-            os.close(fd)
-            fd = below
-        opened = os.open(
-            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd
-        )
-    finally:
-        os.close(fd)
-    try:
-        if not stat.S_ISREG(os.fstat(opened).st_mode):
-            raise OSError(f"{top / relative} is not a regular file")
-        return os.read(opened, limit).decode(errors="replace")
-    finally:
-        os.close(opened)
-
-
-def _link_objects(repo: Path, view: Path) -> list[Path]:
-    """Hard-link the run's own objects into ``view``'s: loose objects and pack files only
-    (never its ``info/``: alternates, commit graphs), regular files only, no link followed.
-    Returns the packs, whose indexes gridd makes itself (``git index-pack``)."""
-    objects = repo / "objects"
-    packs: list[Path] = []
-    if not stat.S_ISDIR(os.lstat(objects).st_mode):
-        return packs
-    for entry in os.scandir(objects):
-        loose = len(entry.name) == 2 and all(c in "0123456789abcdef" for c in entry.name)
-        if not (loose or entry.name == "pack") or not entry.is_dir(follow_symlinks=False):
-            continue
-        for item in os.scandir(entry.path):
-            if loose:
-                wanted = _OBJECT_ID.fullmatch(entry.name + item.name) is not None
-            else:
-                wanted = item.name.startswith("pack-") and item.name.endswith(".pack")
-            if not wanted or not item.is_file(follow_symlinks=False):
-                continue
-            target = view / "objects" / entry.name / item.name
-            target.parent.mkdir(exist_ok=True)
-            try:
-                os.link(item.path, target, follow_symlinks=False)
-            except OSError:  # another file system, or a link refused: a copy
-                shutil.copyfile(item.path, target, follow_symlinks=False)
-            if not loose:
-                packs.append(target)
-    return packs
 
 
 def _skeleton(repo: Path, *, config: str, common: Path) -> None:
@@ -224,8 +157,8 @@ class PrivateRepos:
         common = self._common = _common_dir(admin)
         head = (admin / "HEAD").read_text().strip()
         ref = head[len("ref: ") :] if head.startswith("ref: ") else ""
-        tip = await self._tip(path, common, ref) if ref else _object_id(head)
-        gitfile = _read_small(path / ".git")
+        tip = await self._tip(path, common, ref) if ref else object_id(head)
+        gitfile = read_small(path / ".git")
         # Written in place, not renamed into it: one file system operation fewer on the
         # spawn's path; a torn marker still says a run's repository is there (``reclaim``).
         (admin / MARKER).write_text(json.dumps({"agent": agent_id, "gitfile": gitfile}))
@@ -308,7 +241,7 @@ class PrivateRepos:
         if kind is not None:
             head = (admin / "HEAD").read_text().strip()
             ref = head[len("ref: ") :] if head.startswith("ref: ") else ""
-            old = await self._tip(path, _common_dir(admin), ref) if ref else _object_id(head)
+            old = await self._tip(path, _common_dir(admin), ref) if ref else object_id(head)
             result = await self._fetch(path, admin, repo, ref=ref, old=old)
             await self._take_over(path, admin, repo, old=old, tip=result.tip)
             shutil.rmtree(repo, ignore_errors=True)
@@ -334,7 +267,7 @@ class PrivateRepos:
         alternates could name an object store it may not read, for gridd to copy)."""
         if not ref:
             return Reclaimed(None, "the worktree is on no branch: nothing fetched")
-        tip = _ref_of(repo, ref)
+        tip = ref_of(repo, ref)
         if tip == old:
             return Reclaimed(old)  # no commit of its own on the branch
         if not tip:
@@ -346,7 +279,7 @@ class PrivateRepos:
             _skeleton(view, config=await self._config_text(), common=common)
             (view / "packed-refs").write_text(f"{PACKED_REFS_HEADER}{tip} {ref}\n")
             (view / "HEAD").write_text(f"ref: {ref}\n")
-            packs = await asyncio.to_thread(_link_objects, repo, view)
+            packs = await asyncio.to_thread(link_objects, repo, view)
             for pack in packs:
                 indexed = await git(  # (index-pack takes no "--"; the path is absolute)
                     view, "index-pack", str(pack), check=False, timeout=self.fetch_timeout
@@ -374,7 +307,7 @@ class PrivateRepos:
             problem = res.err.strip()[:500] or f"git fetch exited {res.code}"
             return Reclaimed(None, f"its branch {ref} could not be fetched: {problem}")
         try:
-            fetched = _object_id((admin / "FETCH_HEAD").read_text())
+            fetched = object_id((admin / "FETCH_HEAD").read_text())
         except OSError as exc:
             return Reclaimed(None, f"its branch {ref} was fetched, but FETCH_HEAD: {exc}")
         return Reclaimed(fetched or None, "" if fetched else "FETCH_HEAD names no commit")
@@ -383,7 +316,7 @@ class PrivateRepos:
         self, path: Path, admin: Path, repo: Path, *, old: str, tip: str | None
     ) -> None:
         """Step 2: the worktree's branch and index follow the run's repository."""
-        ours, theirs = _merge_head(admin), _merge_head(repo)
+        ours, theirs = merge_head(admin), merge_head(repo)
         if tip and tip != old:
             await git(path, "reset", "-q", tip)  # a merge in progress ends with it
         elif ours and theirs != ours:
@@ -420,7 +353,7 @@ class PrivateRepos:
         """The branch's commit in the repository: its loose ref if there is one, else
         git's answer."""
         try:
-            tip = _object_id((common / ref).read_text())
+            tip = object_id((common / ref).read_text())
         except OSError:
             tip = ""
         if tip:
@@ -451,31 +384,6 @@ class PrivateRepos:
                 )
             self._config = text
         return self._config
-
-
-def _ref_of(repo: Path, ref: str) -> str:
-    """The commit a run's repository names for ``ref`` as far as its files say ("" when
-    they do not): its loose ref, which outranks a packed one, else its ``packed-refs``."""
-    try:
-        return _object_id(_read_in(repo, ref))
-    except OSError:
-        pass
-    try:
-        packed = _read_small(repo / "packed-refs", limit=1 << 16)
-    except OSError:
-        return ""
-    for line in packed.splitlines():
-        sha, _, name = line.partition(" ")
-        if name == ref:
-            return _object_id(sha)
-    return ""
-
-
-def _merge_head(git_dir: Path) -> str:
-    try:
-        return _object_id(_read_small(git_dir / "MERGE_HEAD"))
-    except OSError:
-        return ""
 
 
 def _paths(res: GitResult) -> frozenset[str]:

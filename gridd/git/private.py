@@ -370,7 +370,9 @@ class PrivateRepos:
             with tempfile.TemporaryDirectory(
                 prefix=".private-", dir=self.worktrees.dir.parent
             ) as d:
-                await git(Path(d), "init", "-q", "--template=", f"--object-format={objects}", d)
+                # (named only when not the default: a git before 2.29 knows no such option)
+                spelled = () if objects == "sha1" else (f"--object-format={objects}",)
+                await git(Path(d), "init", "-q", "--template=", *spelled, d)
                 text = (Path(d) / ".git" / "config").read_text()
             text += f'[remote "origin"]\n\turl = {_quote(str(root))}\n'
             text += "\tfetch = +refs/heads/*:refs/remotes/origin/*\n"

@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from gridd.client import GridClient
@@ -51,7 +52,8 @@ while True:
         run += 1
 files = sorted(f for f in os.listdir(".") if f.endswith(".txt"))
 start = time.time()
-record = {"run": run, "cwd": os.path.basename(os.getcwd()), "files": files, "start": start}
+record = {"run": run, "cwd": os.path.basename(os.getcwd()), "files": files, "start": start,
+          "pid": os.getpid()}
 (log / f"run-{run}.json").write_text(json.dumps(record))
 barrier = log / "barrier"
 if barrier.exists():
@@ -237,14 +239,22 @@ def test_with_speculation_one_bad_task_is_returned_and_the_rest_land_in_approval
 # -- kill -9 --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("point", ["gating", "landing"])
-def test_a_daemon_killed_mid_speculation_lands_every_task_exactly_once_and_leaves_no_worktree(
-    repo: Path, logdir: Path, point: str
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.parametrize(("point", "slots_after"), [("gating", 1), ("landing", 3)])
+def test_a_daemon_killed_mid_speculation_lands_every_task_exactly_once_and_leaves_no_stray(
+    repo: Path, logdir: Path, point: str, slots_after: int
 ) -> None:
     """``gating``: the first candidate landed, the two behind it gating; ``landing``: the
     first candidate's merges recorded, its landing about to move the branch, the two behind
-    it gating. Restarted with one gate at a time, the queue lands each task once and
-    removes the other integration worktrees."""
+    it gating. The gates the killed daemon left running (held, in their own sessions) are
+    stopped by the next one: when it removes their worktrees (restarted with one gate at a
+    time) or before it uses them again (with three)."""
     configure(repo, logdir, gate_concurrency=3)
     (logdir / "barrier").write_text("3")
     ids = names(6)
@@ -272,20 +282,29 @@ def test_a_daemon_killed_mid_speculation_lands_every_task_exactly_once_and_leave
             assert first == ids[:2]
             assert len(integration_worktrees(repo)) == 3
             daemon.kill9()
+        for leftover in pause.parent.glob(pause.name + "*"):
+            leftover.unlink()
+        left = [int(str(r["pid"])) for r in gate_runs(logdir) if r["end"] is None]
+        assert len(left) == 2 and all(alive(pid) for pid in left)  # still held
+        configure(repo, logdir, gate_concurrency=slots_after)
+        (logdir / "barrier").unlink()
+        with core_daemon(repo) as daemon:
+            c = daemon.client()
+            tasks = settled(c, ids)
+            assert {t["status"] for t in tasks.values()} == {"done"}
+            assert_merged_once_each(repo, "feature/k9spec", ids)
+            assert landed_in_order(repo, "feature/k9spec") == ids
+            assert_only_forward(repo, "feature/k9spec")
+            assert integration_worktrees(repo) == (
+                ["integration"]
+                if slots_after == 1
+                else ["integration", "integration-2", "integration-3"]
+            )
+            git(repo, "worktree", "prune", "--dry-run")  # nothing half-made left behind
+            wait_for(lambda: not any(alive(pid) for pid in left), timeout=10, message="stopped")
     finally:
         for leftover in [*logdir.glob("hold-*"), *pause.parent.glob(pause.name + "*")]:
             leftover.unlink(missing_ok=True)
-    configure(repo, logdir, gate_concurrency=1)
-    (logdir / "barrier").unlink()
-    with core_daemon(repo) as daemon:
-        c = daemon.client()
-        tasks = settled(c, ids)
-        assert {t["status"] for t in tasks.values()} == {"done"}
-        assert_merged_once_each(repo, "feature/k9spec", ids)
-        assert landed_in_order(repo, "feature/k9spec") == ids
-        assert_only_forward(repo, "feature/k9spec")
-        assert integration_worktrees(repo) == ["integration"]
-        git(repo, "worktree", "prune", "--dry-run")  # nothing half-made left to complain of
 
 
 # -- the decision, without processes ------------------------------------------------------------

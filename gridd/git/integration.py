@@ -6,20 +6,32 @@ tip, merges the task's branch there with the configured strategy, and optionally
 gate check on the result. Nothing here moves a branch: the queue does that afterwards, by
 compare-and-swap, so a merge that is abandoned half-way leaves no trace but this scratch
 directory, which the next merge resets.
+
+A check runs in its own session, so it outlives a daemon killed during it. Its pid and
+start time are kept in the worktree's git directory (``gridd-check``) while it runs: the
+next daemon to use the worktree stops that process group first (the same process, by its
+start time: a pid used again since is left alone), so no stray check runs beside the next.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from gridd.git.worktrees import GitResult, Worktrees, git
+
+log = logging.getLogger(__name__)
 
 #: How much of a failing check's output is kept (its tail).
 CHECK_TAIL_BYTES = 8000
+#: In the worktree's git directory while a check runs: its pid and start time.
+CHECK_MARK = "gridd-check"
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,41 @@ class Integration:
         gitdir = Path(text.removeprefix("gitdir:").strip())
         return gitdir if gitdir.is_absolute() else self.path / gitdir
 
+    def stop_left_check(self) -> bool:
+        """Stop the check a daemon killed during it left running here (its process group);
+        True when there was one."""
+        gitdir = self._git_dir()
+        if gitdir is None:
+            return False
+        mark = gitdir / CHECK_MARK
+        try:
+            pid_text, started_text = mark.read_text().split()
+            pid, started = int(pid_text), float(started_text)
+        except (OSError, ValueError):
+            return False
+        mark.unlink(missing_ok=True)
+        try:
+            same = abs(psutil.Process(pid).create_time() - started) < 0.01
+        except psutil.Error:
+            return False
+        if same:
+            log.warning("stopped a check left running in %s (pid %d)", self.path, pid)
+            _kill_group(pid)
+        return same
+
+    def _mark_check(self, pid: int | None) -> None:
+        gitdir = self._git_dir()
+        if gitdir is None:
+            return
+        mark = gitdir / CHECK_MARK
+        try:
+            if pid is None:
+                mark.unlink(missing_ok=True)
+            else:
+                mark.write_text(f"{pid} {psutil.Process(pid).create_time()}\n")
+        except (OSError, psutil.Error):
+            pass  # only a stray check's stop depends on it
+
     async def reset(self, tip: str) -> None:
         """The worktree, clean and detached at ``tip`` (created when missing)."""
         if not (self.path / ".git").exists():
@@ -77,6 +124,7 @@ class Integration:
             )
             self._untidy = False
             return
+        self.stop_left_check()
         gitdir = self._git_dir()
         if gitdir is not None:
             # Only the queue runs git here, one call at a time: a lock left now is a stopped
@@ -180,6 +228,13 @@ class Integration:
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
         )
+        self._mark_check(proc.pid)
+        try:
+            return await self._finish(proc, timeout)
+        finally:
+            self._mark_check(None)
+
+    async def _finish(self, proc: asyncio.subprocess.Process, timeout: float) -> CheckResult:
         tail = bytearray()
 
         async def drain() -> None:

@@ -5,7 +5,8 @@ each in its own detached worktree (``integration.py``): slot 1 is ``.grid/integr
 the one the queue always merged in, slot ``k`` is ``.grid/integration-k``. Each is made on
 first use and kept (its checkout is the cost of a large repository), scratch: every
 candidate resets it. At start the slots past N are removed, whether a daemon with a larger
-N left them or one killed while adding them left them half-made, so none lies around.
+N left them or one killed while adding them left them half-made, so none lies around (nor
+a check a killed daemon left running in one: ``Integration.stop_left_check``).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class Slots:
             if (number := slot_number(first, path)) is not None and number > len(self.all)
         )
         for path in stray:
+            Integration(self.worktrees, path, git_timeout=self.timeout).stop_left_check()
             if path in registered:
                 # Twice --force: a slot half-made by a killed add is still locked.
                 await git(

@@ -26,9 +26,17 @@ from gridd.git.review import keep_review_edits
 from gridd.git.worktrees import Worktrees
 from gridd.ids import new_task_id, task_id_problem
 from gridd.lean import BulkPace
-from gridd.lifecycle import intend_stop, move_task, task_can_move
+from gridd.lifecycle import (
+    create_tasks,
+    create_tasks_yielding,
+    first_statuses,
+    intend_stop,
+    move_task,
+    task_can_move,
+    update_session,
+)
 from gridd.model import Agent, AgentStatus, Question, SessionState, Task, TaskStatus, utcnow
-from gridd.plan import GraphProblem, graph_problems, readiness, undone_dependencies, waves
+from gridd.plan import GraphProblem, graph_problems, undone_dependencies, waves
 from gridd.pool import AgentPool
 from gridd.questions import QuestionBook
 from gridd.scheduler import Scheduler
@@ -132,7 +140,7 @@ class Commands:
         """Create tasks atomically: any problem in the batch and nothing is applied."""
         existing = {t.id: t.depends_on for t in self.state.tasks.values()}
         ready = self._built(specs, source=source, existing=existing, statuses=self.state.statuses())
-        created = self.state.add_tasks(ready)
+        created = create_tasks(self.state, ready)
         self.state.flush()
         return created
 
@@ -160,10 +168,10 @@ class Commands:
         del existing
         ready: list[Task] = []
         for start in range(0, len(tasks), BUILD_CHUNK):
-            ready += _readied(tasks[start : start + BUILD_CHUNK], statuses)
+            ready += first_statuses(tasks[start : start + BUILD_CHUNK], statuses)
             await pace.step(BUILD_CHUNK)
         del tasks, statuses
-        return await self.state.add_tasks_yielding(ready, pace=pace)
+        return await create_tasks_yielding(self.state, ready, pace=pace)
 
     def _built(
         self,
@@ -177,7 +185,7 @@ class Commands:
         (id -> dependencies) and ``statuses``; the first problem raises."""
         tasks = self._new_tasks(specs, source=source, now=utcnow())
         _refuse(graph_problems([(t.id, t.depends_on) for t in tasks], existing), existing)
-        return _readied(tasks, {**statuses, **{t.id: t.status for t in tasks}})
+        return first_statuses(tasks, {**statuses, **{t.id: t.status for t in tasks}})
 
     def _new_tasks(self, specs: list[TaskSpec], *, source: str, now: datetime) -> list[Task]:
         """The tasks ``specs`` ask for, not yet checked against the graph; an unknown agent
@@ -291,7 +299,7 @@ class Commands:
             changes.update(attempts=0, sessions=0, summary=None)
         elif task.status == TaskStatus.RATE_LIMITED:
             changes.update(resume_at=None)  # it continues the parked session's work
-        self.pool.not_before.pop(task_id, None)
+        self.pool.clear_backoff(task_id)
         updated = move_task(
             self.state, task_id, TaskStatus.WORKING, reason="started by user", **changes
         )
@@ -414,7 +422,7 @@ class Commands:
             summary=None,
             error=None,
         )
-        self.pool.not_before.pop(task_id, None)
+        self.pool.clear_backoff(task_id)
         self.questions.close_for_agent(merge_asker(task_id), "the task was rejected")
         self.state.bus.publish("task.rejected", {"taskId": task_id, "feedback": feedback[:4000]})
         self.state.flush()
@@ -460,21 +468,17 @@ class Commands:
             changes: dict[str, Any] = {"max_agents": max_agents, "budget_usd": budget}
             if req.on_conflict is not None:
                 changes["on_conflict"] = req.on_conflict
-            session = current.model_copy(update=changes)
-            self.state.set_session(session)
+            session = update_session(self.state, **changes)
             if budget is None and current.budget_usd is not None:
                 self.scheduler.warn_unbudgeted()
             return session
-        session = self.scheduler.start_session(req.feature_branch, max_agents, budget)
-        session = session.model_copy(
-            update={
-                "base_branch": branch.base_branch if branch else None,
-                "base_commit": branch.base_commit if branch else None,
-                "on_conflict": req.on_conflict or self.settings.merge.on_conflict,
-            }
+        self.scheduler.start_session(req.feature_branch, max_agents, budget)
+        return update_session(
+            self.state,
+            base_branch=branch.base_branch if branch else None,
+            base_commit=branch.base_commit if branch else None,
+            on_conflict=req.on_conflict or self.settings.merge.on_conflict,
         )
-        self.state.set_session(session)
-        return session
 
     def _refuse_retarget(self, wanted: str | None) -> None:
         """One session, one feature branch: a session on another branch may start only once
@@ -626,8 +630,3 @@ def _checked(
     statuses = {t.id: t.status for t in known}
     statuses.update((t.id, t.status) for t in tasks)
     return problems, existing, statuses
-
-
-def _readied(tasks: list[Task], statuses: dict[str, TaskStatus]) -> list[Task]:
-    """New ``tasks``, each with the status its dependencies give it."""
-    return [t.model_copy(update={"status": readiness(t, statuses) or t.status}) for t in tasks]

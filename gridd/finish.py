@@ -22,7 +22,7 @@ from gridd.git.private import PrivateRepos
 from gridd.git.unresolved import Unresolved
 from gridd.git.worktrees import Worktree, Worktrees
 from gridd.ids import kept_branch
-from gridd.lifecycle import move_agent, move_task
+from gridd.lifecycle import move_agent, move_task, update_session
 from gridd.model import Agent, AgentStatus, Task, TaskStatus, utcnow
 from gridd.outcome import (
     Block,
@@ -240,10 +240,7 @@ class Finisher:
         if cost and task is not None:
             self.state.update_task(task.id, cost_usd=task.cost_usd + cost)
         if cost:
-            session = self.state.session
-            self.state.set_session(
-                session.model_copy(update={"spent_usd": session.spent_usd + cost})
-            )
+            update_session(self.state, spent_usd=self.state.session.spent_usd + cost)
         return agent
 
     def _facts(self, agent: Agent, task: Task, status: ExitStatus, run: RunWatch) -> RunFacts:

@@ -1,12 +1,17 @@
-"""The task and agent state machines: the statuses, one table of legal moves, and the only
-code that changes a status.
+"""The task, agent and session state machines: the statuses, one table of legal moves each,
+and the only code that creates a task, an agent or a session's run, or changes a status.
 
 Modelled on Kubernetes pod phases and containerd task states: few states, explicit
 transitions, and the reason stored next to the state (``Task.status_reason``,
 ``Agent.status_reason``). Every room that wants a task or an agent in another status asks
-this module (``move_task``, ``move_tasks``, ``move_agent``); ``GridState.update_task`` and
-``update_agent`` refuse a ``status`` of their own. Each move is validated by the same
-pydantic models as the API before anything is written.
+this module (``move_task``, ``move_tasks``, ``move_agent``), and every new one is born here
+(``create_tasks``, ``create_agent``: a task's first status is decided by ``first_statuses``,
+an agent's is ``starting``); ``GridState.update_task`` and ``update_agent`` refuse a
+``status`` of their own. The session is started and stopped here too (``start_session``,
+``stop_session``; ``update_session`` changes its other fields). Each move is validated by the
+same pydantic models as the API before anything is written. A test
+(``tests/test_state_owners.py``) reads every module's source and fails on a status written
+anywhere else.
 
 An illegal move is a bug in gridd, not a user error: it is reported (a
 ``lifecycle.illegal_transition`` event and an error in the log), never persisted, and
@@ -32,6 +37,15 @@ The tables (read a row as "from this status, a task may move to ...")::
     stopping      -> exited
     exited        -> (terminal)
 
+    stopped       -> started
+    started       -> stopped
+
+A new task is ``ready``, ``pending`` or ``blocked`` (``first_statuses``: as its dependencies
+stand); a new agent is ``starting``. The last two rows are the session's: ``start_session``
+is the one move from stopped to started (a started session is changed with
+``update_session``, never started again), and ``stop_session`` moves a started session to
+stopped, or records a new reason on a stopped one.
+
 Staying in the same status is always allowed (a move that only updates fields and the
 reason).
 
@@ -50,9 +64,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gridd.changes import validated_agent, validated_task
+from gridd.changes import validated_agent, validated_session, validated_task
 from gridd.errors import Conflict
-from gridd.model import Agent, AgentStatus, Task, TaskStatus, utcnow
+from gridd.lean import BulkPace
+from gridd.model import Agent, AgentStatus, SessionState, Task, TaskStatus, utcnow
+from gridd.plan import readiness
+from gridd.state import StatusBypass
 
 if TYPE_CHECKING:
     from gridd.state import GridState
@@ -89,6 +106,22 @@ AGENT_TRANSITIONS: Mapping[AgentStatus, frozenset[AgentStatus]] = {
     A.STOPPING: frozenset({A.EXITED}),
     A.EXITED: frozenset(),
 }
+
+#: The statuses a task may be born in: ``ready`` (its dependencies done), ``pending`` (not
+#: yet) or ``blocked`` (one of them failed or was cancelled).
+TASK_FIRST = frozenset({T.READY, T.PENDING, T.BLOCKED})
+#: An agent is born ``starting``: recorded as the intent before its process runs.
+AGENT_FIRST = A.STARTING
+
+STOPPED = "stopped"
+STARTED = "started"
+#: The session state machine, by ``SessionState.started``.
+SESSION_TRANSITIONS: Mapping[str, frozenset[str]] = {
+    STOPPED: frozenset({STARTED}),
+    STARTED: frozenset({STOPPED}),
+}
+#: The session's fields that only ``start_session`` and ``stop_session`` write.
+_SESSION_PHASE_FIELDS = frozenset({"started", "started_at", "stop_reason", "stopped_at"})
 
 
 class IllegalTransition(Conflict):
@@ -205,6 +238,101 @@ def move_agent(
     updated = validated_agent(agent, changes)
     state.write_agent(updated)
     return updated
+
+
+# -- creation ----------------------------------------------------------------------------------
+
+
+def first_statuses(tasks: list[Task], statuses: Mapping[str, TaskStatus]) -> list[Task]:
+    """PURE: new ``tasks``, each in its first status as its dependencies stand in
+    ``statuses`` (every task's status, the new ones' included: a big batch is readied a
+    chunk at a time against one mapping)."""
+    return [t.model_copy(update={"status": readiness(t, statuses) or t.status}) for t in tasks]
+
+
+def _check_born(state: GridState, tasks: list[Task]) -> None:
+    for task in tasks:
+        if task.status not in TASK_FIRST:
+            _report(state, "task", task.id, "(new)", task.status.value, "created")
+            raise _illegal("task", task.id, "(new)", task.status.value)
+
+
+def create_tasks(state: GridState, tasks: list[Task]) -> list[Task]:
+    """Record new tasks (from ``first_statuses``), in one transaction."""
+    _check_born(state, tasks)
+    return state.add_tasks(tasks)
+
+
+async def create_tasks_yielding(
+    state: GridState, tasks: list[Task], *, pace: BulkPace | None = None
+) -> list[Task]:
+    """``create_tasks`` for a batch of any size, without holding the event loop
+    (``GridState.add_tasks_yielding``, a chunk per turn of ``pace``)."""
+    _check_born(state, tasks)
+    return await state.add_tasks_yielding(tasks, pace=pace)
+
+
+def create_agent(state: GridState, agent: Agent) -> Agent:
+    """Record a new agent, ``starting``: the intent, found by a restart if the daemon dies
+    before its process runs."""
+    if agent.status != AGENT_FIRST or agent.id in state.agents:
+        current = state.agents[agent.id].status.value if agent.id in state.agents else "(new)"
+        _report(state, "agent", agent.id, current, agent.status.value, "created")
+        raise _illegal("agent", agent.id, current, agent.status.value)
+    return state.put_agent(agent)
+
+
+# -- the session -------------------------------------------------------------------------------
+
+
+def session_phase(session: SessionState) -> str:
+    return STARTED if session.started else STOPPED
+
+
+def start_session(
+    state: GridState, *, feature_branch: str | None, max_agents: int, budget_usd: float | None
+) -> SessionState:
+    """Start a new session (stopped -> started): what the last one spent, its branch and its
+    stop are forgotten."""
+    current = session_phase(state.session)
+    if STARTED not in SESSION_TRANSITIONS[current]:
+        _report(state, "session", "session", current, STARTED, "started again")
+        raise _illegal("session", "session", current, STARTED)
+    session = SessionState(
+        started=True,
+        feature_branch=feature_branch,
+        max_agents=max_agents,
+        started_at=utcnow(),
+        budget_usd=budget_usd,
+    )
+    state.set_session(session)
+    return session
+
+
+def stop_session(state: GridState, reason: str) -> SessionState:
+    """Stop the session (started -> stopped; a stopped one keeps the newer reason)."""
+    session = state.session.model_copy(
+        update={"started": False, "stop_reason": reason, "stopped_at": utcnow()}
+    )
+    state.set_session(session)
+    return session
+
+
+def update_session(state: GridState, **fields: Any) -> SessionState:
+    """Change the session's other fields (its limits, branch, spending), never whether it
+    runs: that is ``start_session``'s and ``stop_session``'s."""
+    if _SESSION_PHASE_FIELDS & fields.keys():
+        raise StatusBypass(
+            "the session is started and stopped only through gridd.lifecycle"
+            " (start_session, stop_session)",
+            details={"fields": sorted(fields)},
+        )
+    session = validated_session(state.session, fields)
+    state.set_session(session)
+    return session
+
+
+# -- stop intents -------------------------------------------------------------------------------
 
 
 def intend_stop(state: GridState, agent_id: str, intent: str, reason: str) -> Agent | None:

@@ -29,6 +29,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
+from gridd import lifecycle
 from gridd.background import Background
 from gridd.diskfault import DiskFault
 from gridd.events import EventBus
@@ -350,8 +351,7 @@ class Scheduler:
                         reason="scheduled",
                         backoff_until=None,
                     )
-                self.pool.not_before.pop(task.id, None)
-                self.pool.starting.add(task.id)
+                self.pool.will_start(task.id)
                 self._launched.append(
                     self.background.spawn(
                         f"start:{task.id}", self.pool.start(task.id, action.profile)
@@ -374,14 +374,9 @@ class Scheduler:
             # A STOP left from before is not a request to stop the session asked for now.
             self.ws.stop_file.unlink(missing_ok=True)
             self.bus.publish("session.stop_file_cleared", {"path": str(self.ws.stop_file)})
-        session = SessionState(
-            started=True,
-            feature_branch=feature_branch,
-            max_agents=max_agents,
-            started_at=utcnow(),
-            budget_usd=budget_usd,
+        session = lifecycle.start_session(
+            self.state, feature_branch=feature_branch, max_agents=max_agents, budget_usd=budget_usd
         )
-        self.state.set_session(session)
         self.bus.publish(
             "session.started",
             {"featureBranch": feature_branch, "maxAgents": max_agents, "budgetUsd": budget_usd},
@@ -398,12 +393,7 @@ class Scheduler:
 
     def stop_session(self, reason: str, *, force: bool = False) -> SessionState:
         """Stop every agent (gracefully unless ``force``); their tasks return to ready."""
-        current = self.state.session
-        self.state.set_session(
-            current.model_copy(
-                update={"started": False, "stop_reason": reason, "stopped_at": utcnow()}
-            )
-        )
+        lifecycle.stop_session(self.state, reason)
         why = f"session stopped ({reason})"
         updates: dict[str, Move] = {}
         for agent in self.state.live_agents():

@@ -272,11 +272,9 @@ class GridState:
             for agent_id, seq, last in positions:
                 agent = self.agents.get(agent_id)
                 if agent is not None:
-                    # In place (a copy per line costs more than the rest of the cache
-                    # update): two plain fields, nobody keeps an older value of them.
-                    fields = agent.__dict__
-                    fields["output_seq"] = seq
-                    fields["last_output"] = last
+                    # One copy per agent and batch (not per line): the cached model is
+                    # replaced, never edited in place.
+                    agent = agent.model_copy(update={"output_seq": seq, "last_output": last})
                     self._remember_agent(agent)
                     self._unsaved[agent_id] = None
 

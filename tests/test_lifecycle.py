@@ -214,3 +214,74 @@ def test_an_exited_agent_cannot_come_back(state: GridState) -> None:
     assert (stored.status, stored.status_reason) == (A.EXITED, "exited (0)")
     with pytest.raises(StatusBypass):
         state.update_agent("a1", status=A.RUNNING)
+
+
+# -- creation and the session ----------------------------------------------------------------------
+
+
+def test_a_new_task_is_born_ready_pending_or_blocked_as_its_dependencies_stand(
+    state: GridState,
+) -> None:
+    move_task(state, "t1", T.CANCELLED, reason="not wanted")
+    born = lifecycle.first_statuses(
+        [
+            Task(id="free", title="no dependencies"),
+            Task(id="waits", title="waits on t2", depends_on=["t2"]),
+            Task(id="dead", title="waits on a cancelled task", depends_on=["t1"]),
+        ],
+        state.statuses(),
+    )
+    assert {t.id: t.status for t in born} == {
+        "free": T.READY,
+        "waits": T.PENDING,
+        "dead": T.BLOCKED,
+    }
+    lifecycle.create_tasks(state, born)
+    assert {t: _reloaded(state)[t].status for t in ("free", "waits", "dead")} == {
+        "free": T.READY,
+        "waits": T.PENDING,
+        "dead": T.BLOCKED,
+    }
+
+
+def test_a_task_born_in_a_later_status_is_refused_and_reported(state: GridState) -> None:
+    with pytest.raises(IllegalTransition):
+        lifecycle.create_tasks(state, [Task(id="t3", title="three", status=T.DONE)])
+    assert "t3" not in state.tasks and "t3" not in _reloaded(state)
+    events = state.store.events_after(0, types=["lifecycle.illegal_transition"])
+    assert [(e.data["id"], e.data["to"]) for e in events] == [("t3", "done")]
+
+
+def test_an_agent_is_born_starting_and_only_once(state: GridState) -> None:
+    agent = Agent(id="a1", task_id="t1", profile="p", worktree_path="/w")
+    assert lifecycle.create_agent(state, agent).status == A.STARTING
+    with pytest.raises(IllegalTransition):
+        lifecycle.create_agent(state, agent)  # a second record of the same agent
+    with pytest.raises(IllegalTransition):
+        lifecycle.create_agent(state, agent.model_copy(update={"id": "a2", "status": A.RUNNING}))
+    assert sorted(a.id for a in state.store.load_agents()) == ["a1"]
+
+
+def test_a_session_starts_once_and_stops_through_the_lifecycle(state: GridState) -> None:
+    started = lifecycle.start_session(state, feature_branch="f", max_agents=2, budget_usd=1.0)
+    assert started.started and started.started_at is not None
+    with pytest.raises(IllegalTransition):
+        lifecycle.start_session(state, feature_branch="g", max_agents=1, budget_usd=None)
+    assert state.session.feature_branch == "f"
+    with pytest.raises(StatusBypass):
+        lifecycle.update_session(state, started=False)
+    assert lifecycle.update_session(state, max_agents=5).max_agents == 5
+    stopped = lifecycle.stop_session(state, "user")
+    assert (stopped.started, stopped.stop_reason) == (False, "user")
+    assert lifecycle.stop_session(state, "shutdown").stop_reason == "shutdown"  # stopped again
+    again = lifecycle.start_session(state, feature_branch="g", max_agents=1, budget_usd=None)
+    assert (again.started, again.feature_branch, again.stop_reason) == (True, "g", None)
+
+
+def test_the_session_table_in_the_docstring_is_the_table_in_the_code() -> None:
+    doc = lifecycle.__doc__ or ""
+    rows = {
+        m.group(1): {m.group(2).strip()}
+        for m in re.finditer(r"^\s+(started|stopped)\s+->\s+(\w+)\s*$", doc, re.M)
+    }
+    assert rows == {s: set(t) for s, t in lifecycle.SESSION_TRANSITIONS.items()}

@@ -13,11 +13,16 @@ agents. It composes the parts and holds no logic of its own:
 
 Processes are started, signalled and reattached only through the executor
 (``runs/executor.py``); the pool never knows how (the local shim executor today).
+
+The roster's tables are the pool's: others read them through read-only views
+(``handles``, ``starting``, ``not_before``, ...) and change them through its methods
+(``will_start``, ``clear_backoff``), never directly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 
 from gridd.background import Background
 from gridd.diskfault import DiskFault
@@ -35,9 +40,10 @@ from gridd.pool.stopping import Stopper
 from gridd.pool.talking import Conversation, output_log
 from gridd.questions import QuestionBook
 from gridd.runs.egress import EgressProxies
-from gridd.runs.executor import Executor
+from gridd.runs.executor import AgentHandle, Executor
 from gridd.runs.output import OutputLog
 from gridd.runs.wakeups import Wakeups
+from gridd.runs.watch import RunWatch
 from gridd.settings import Settings
 from gridd.state import GridState
 from gridd.workspace import Workspace
@@ -98,14 +104,6 @@ class AgentPool:
             ctx, worktrees=worktrees, private=private, monitor=self.monitor, environ=environ
         )
         self.reattacher = Reattacher(ctx, monitor=self.monitor)
-        # The roster's tables, by their old names (the scheduler and commands read them).
-        self.handles = self.roster.handles
-        self.runs = self.roster.runs
-        self.started_mono = self.roster.started_mono
-        self.starting = self.roster.starting
-        self.finishing = self.roster.finishing
-        self.not_before = self.roster.not_before
-        self.stops = self.roster.stops
         self.claimers: dict[str, Claimer] = self.spawner.claimers
 
     @property
@@ -130,6 +128,54 @@ class AgentPool:
                 "unreported": unreported,
             },
         )
+
+    # -- the roster, read-only (the scheduler, the commands, /metrics) ---------------------------
+
+    @property
+    def handles(self) -> Mapping[str, AgentHandle]:
+        """The agents this daemon watches, by id."""
+        return MappingProxyType(self.roster.handles)
+
+    @property
+    def runs(self) -> Mapping[str, RunWatch]:
+        return MappingProxyType(self.roster.runs)
+
+    @property
+    def started_mono(self) -> Mapping[str, float]:
+        """When each watched agent started (monotonic)."""
+        return MappingProxyType(self.roster.started_mono)
+
+    @property
+    def stops(self) -> Mapping[str, bool]:
+        """Agents with a stop in flight in this daemon (True: a kill)."""
+        return MappingProxyType(self.roster.stops)
+
+    @property
+    def starting(self) -> frozenset[str]:
+        """Tasks whose agent is being started."""
+        return frozenset(self.roster.starting)
+
+    @property
+    def finishing(self) -> frozenset[str]:
+        """Tasks whose agent has exited and is being finished."""
+        return frozenset(self.roster.finishing)
+
+    @property
+    def not_before(self) -> Mapping[str, float]:
+        """Each backed-off task's monotonic deadline."""
+        return MappingProxyType(self.roster.not_before)
+
+    # -- the roster's changes ------------------------------------------------------------------
+
+    def will_start(self, task_id: str) -> None:
+        """The scheduler starts the task now: its backoff is over, and it counts as starting
+        until its agent is recorded (or the start fails)."""
+        self.roster.not_before.pop(task_id, None)
+        self.roster.starting.add(task_id)
+
+    def clear_backoff(self, task_id: str) -> None:
+        """A human started the task again: no backoff holds it back."""
+        self.roster.not_before.pop(task_id, None)
 
     def backoff(self, attempts: int) -> float:
         return self.roster.backoff(attempts)

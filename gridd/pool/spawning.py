@@ -26,7 +26,7 @@ from gridd.git.prepared import PreparedWorktrees
 from gridd.git.private import PrivateRepos
 from gridd.git.worktrees import Worktree, Worktrees
 from gridd.ids import task_branch
-from gridd.lifecycle import move_agent, move_task
+from gridd.lifecycle import create_agent, move_agent, move_task
 from gridd.model import Agent, AgentStatus, Task, TaskStatus, utcnow
 from gridd.plan import RATE_LIMIT_RESET
 from gridd.pool.context import PoolContext
@@ -349,7 +349,7 @@ class Spawner:
             sandbox=sandbox.wire() if sandbox is not None else None,
             executor=placement(executor, self.ctx.workspace.root, run_dir),
         )
-        self.ctx.state.put_agent(agent)  # the intent: found by a restart if we die now
+        create_agent(self.ctx.state, agent)  # the intent: found by a restart if we die now
         await self.ctx.state.store.durable()  # (a locked database: no run before its record)
         crash_point(self.ctx.settings, "spawn.recorded")
         try:

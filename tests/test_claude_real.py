@@ -1,4 +1,4 @@
-"""The real Claude Code CLI (pinned, installed by tests/tools/install-claude.sh) run by the
+"""The real Claude Code CLI (pinned in tests/tools/agent-clis.txt) run by the
 real daemon against a loopback stand-in of the Messages API (tests/anthropic_standin.py):
 the task finishes and reaches review, questions reach a human and their answers reach the
 model, follow-ups start turns, and rate limits park and resume the task at the right second.
@@ -25,14 +25,12 @@ from tests.helpers import (
     wait_task_status,
     write_core_config,
 )
-from tests.real_cli import ROOT, agent_of, epoch, spec_argv
+from tests.real_cli import agent_of, epoch, needs, program, spec_argv
 
-CLAUDE = ROOT / ".cache/claude-code/node_modules/@anthropic-ai/claude-code-linux-x64/claude"
+CLAUDE = program("claude")
 
 pytestmark = [
-    pytest.mark.skipif(
-        not CLAUDE.exists(), reason="run tests/tools/install-claude.sh (make test does)"
-    ),
+    needs("claude"),
     pytest.mark.timeout(180),
 ]
 

@@ -1,4 +1,4 @@
-"""The real Codex CLI (pinned, installed by tests/tools/install-codex.sh) run by the real
+"""The real Codex CLI (pinned in tests/tools/agent-clis.txt) run by the real
 daemon against a loopback stand-in of the OpenAI Responses API (tests/openai_standin.py): a
 task's file write reaches review with its cost, a command's output reaches the model while
 gridd shows the command, an error fails the task with its message, and a usage limit parks
@@ -34,15 +34,12 @@ from tests.helpers import (
     write_core_config,
 )
 from tests.openai_standin import MODEL, StandIn, Turn, call, error, standin, usage_limit
-from tests.real_cli import ROOT, agent_of, epoch, spec_argv
+from tests.real_cli import ROOT, agent_of, epoch, needs, program, spec_argv
 
-CODEX = ROOT / ".cache/codex/node_modules/@openai/codex-linux-x64/vendor"
-CODEX = CODEX / "x86_64-unknown-linux-musl/bin/codex"
+CODEX = program("codex")
 
 pytestmark = [
-    pytest.mark.skipif(
-        not CODEX.exists(), reason="run tests/tools/install-codex.sh (make test does)"
-    ),
+    needs("codex"),
     pytest.mark.timeout(180),
 ]
 

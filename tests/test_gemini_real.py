@@ -1,4 +1,4 @@
-"""The real Gemini CLI (pinned, installed by tests/tools/install-gemini.sh) run by the real
+"""The real Gemini CLI (pinned in tests/tools/agent-clis.txt) run by the real
 daemon against a loopback stand-in of the Gemini API (tests/gemini_standin.py): a task's
 file write reaches review with its cost, a command's output reaches the model while gridd
 shows the command, an error fails the task with its message, and a quota error with a
@@ -31,14 +31,12 @@ from tests.helpers import (
     wait_task_status,
     write_core_config,
 )
-from tests.real_cli import ROOT, agent_of, epoch, spec_argv
+from tests.real_cli import agent_of, epoch, needs, program, spec_argv
 
-GEMINI = ROOT / ".cache/gemini-cli/node_modules/@google/gemini-cli/bundle/gemini.js"
+GEMINI = program("gemini")
 
 pytestmark = [
-    pytest.mark.skipif(
-        not GEMINI.exists(), reason="run tests/tools/install-gemini.sh (make test does)"
-    ),
+    needs("gemini"),
     pytest.mark.timeout(180),
 ]
 

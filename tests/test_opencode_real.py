@@ -1,4 +1,4 @@
-"""The real opencode CLI (pinned, installed by tests/tools/install-opencode.sh) run by the
+"""The real opencode CLI (pinned in tests/tools/agent-clis.txt) run by the
 real daemon against a loopback Anthropic Messages API stand-in (tests/anthropic_standin.py,
 opencode's bundled ``anthropic`` provider with its ``baseURL`` in the config): a task's file
 write reaches review with opencode's own cost, a command's output reaches the model, an
@@ -21,14 +21,12 @@ from gridd.client import GridClient
 from gridd.settings import OPENCODE_RUN_ARGS
 from tests.anthropic_standin import StandIn, Turn, error, standin, tool
 from tests.helpers import core_daemon, event_log, git_show, wait_task_status, write_core_config
-from tests.real_cli import ROOT, agent_of, spec_argv
+from tests.real_cli import agent_of, needs, program, spec_argv
 
-OPENCODE = ROOT / ".cache/opencode/node_modules/opencode-linux-x64/bin/opencode"
+OPENCODE = program("opencode")
 
 pytestmark = [
-    pytest.mark.skipif(
-        not OPENCODE.exists(), reason="run tests/tools/install-opencode.sh (make test does)"
-    ),
+    needs("opencode"),
     pytest.mark.timeout(180),
 ]
 

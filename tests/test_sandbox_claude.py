@@ -1,4 +1,4 @@
-"""The real Claude Code CLI (pinned, tests/tools/install-claude.sh) finishes a task inside
+"""The real Claude Code CLI (pinned in tests/tools/agent-clis.txt) finishes a task inside
 the workspace sandbox, against the loopback stand-in of the Messages API, which its
 network allowlist names (it reaches it through its run's proxy): Write and Bash
 work in its worktree, its own state (``~/.claude``, ``~/.claude.json``, made for it when
@@ -22,13 +22,11 @@ from tests.helpers import (
     wait_task_status,
     write_core_config,
 )
-from tests.real_cli import agent_of
-from tests.test_claude_real import CLAUDE, claude_profile
+from tests.real_cli import agent_of, needs
+from tests.test_claude_real import claude_profile
 
 pytestmark = [
-    pytest.mark.skipif(
-        not CLAUDE.exists(), reason="run tests/tools/install-claude.sh (make test does)"
-    ),
+    needs("claude"),
     pytest.mark.skipif(landlock.abi_version() < 1, reason="this kernel offers no Landlock"),
     pytest.mark.timeout(180),
 ]

@@ -48,6 +48,9 @@ class Turn:
     reset_in: float = 5.0
     input_tokens: int = 25
     output_tokens: int = 12
+    #: Answer every turn from now on with this one (an API that refuses a request refuses
+    #: the CLI's retries of it too: Claude Code 2.1.3xx retries a 400 with fewer betas).
+    persists: bool = False
 
 
 def text(body: str, **kw: Any) -> Turn:
@@ -59,7 +62,12 @@ def tool(name: str, tool_input: dict[str, Any], *, say: str | None = None, **kw:
 
 
 def error(
-    status: int, *, headers: dict[str, str] | None = None, kind: str = "", message: str = ""
+    status: int,
+    *,
+    headers: dict[str, str] | None = None,
+    kind: str = "",
+    message: str = "",
+    persists: bool = False,
 ) -> Turn:
     kinds = {429: "rate_limit_error", 529: "overloaded_error", 500: "api_error"}
     return Turn(
@@ -67,6 +75,7 @@ def error(
         headers=dict(headers or {}),
         error_type=kind or kinds.get(status, "api_error"),
         error_message=message or f"stand-in error {status}",
+        persists=persists,
     )
 
 
@@ -163,7 +172,7 @@ class StandIn:
             if not body.get("tools"):
                 return Turn(text="A short title")
             if self.script:
-                return self.script.pop(0)
+                return self.script[0] if self.script[0].persists else self.script.pop(0)
         return Turn(text="Done.")
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:

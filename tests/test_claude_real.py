@@ -6,6 +6,7 @@ model, follow-ups start turns, and rate limits park and resume the task at the r
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -209,7 +210,8 @@ def test_an_error_result_fails_the_task_with_the_result_as_context(
     repo: Path, tmp_path: Path, api: StandIn
 ) -> None:
     setup(repo, tmp_path, api)
-    api.push(error(400, kind="invalid_request_error", message="the stand-in refuses this request"))
+    refusal = "the stand-in refuses this request"
+    api.push(error(400, kind="invalid_request_error", message=refusal, persists=True))
     with core_daemon(repo) as daemon:
         c = daemon.client()
         c.post("/tasks", {"id": "bad", "title": "bad", "prompt": "go", "maxAttempts": 1})
@@ -323,3 +325,31 @@ def test_a_silent_claude_is_nudged_with_continue_before_any_stall_kill(
         texts = [t for r in api.turns() for t in user_texts_of(r)]
         assert "continue" in texts or any("continue" in t for t in texts[1:])
         assert agent_of(c, "nudge")["stopReason"] is None
+
+
+def test_a_continue_heartbeat_mid_turn_leads_claude_to_a_further_model_turn(
+    repo: Path, tmp_path: Path, api: StandIn
+) -> None:
+    setup(repo, tmp_path, api, allowed_tools=["Bash"])
+    gate = threading.Event()
+    beat = json.dumps({"status": "continue", "message": "half done"})
+    command = f"echo '{beat}' >> \"$GRID_HEARTBEAT\""
+    api.push(
+        tool("Bash", {"command": command, "description": "say half done"}),
+        Turn(text="Half way there.", gate=gate),
+    )
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        start(c, "beat")
+        [nudged] = wait_for_events(c, {"agent.nudged"}, 1, timeout=60)
+        assert nudged.data["reason"] == "a continue heartbeat"
+        assert nudged.data["text"] == "continue"
+        gate.set()  # the turn the heartbeat came in ends
+        wait_task_status(c, "beat", "review", timeout=60)
+        # The model was asked again with the nudge (a turn of its own, or the next one if
+        # the CLI took the message up before it sent that), after the heartbeat was written.
+        turns = api.turns()
+        assert "continue" not in user_texts_of(turns[0])
+        assert "continue" in user_texts_of(turns[-1])
+        agent = agent_of(c, "beat")
+        assert agent["exitCode"] == 0 and agent["stopReason"] is None

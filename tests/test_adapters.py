@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import logging
 import os
 import random
 import selectors
@@ -392,6 +393,27 @@ def test_claude_malformed_transcript_warns_once_and_completes() -> None:
     assert len([s for s in signals if isinstance(s, Malformed)]) == 1
     assert Activity("Bash", "python -m pytest -q") in signals
     assert signals[-1] == Result(True, "All tests pass.", "success", 2)
+
+
+def test_claude_skips_a_newer_cli_message_type_logging_it_once_at_debug(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """2.1.332's write, captured, with a message type gridd does not know put mid-stream:
+    nothing it carries is read (not its session id), and the run's cost is the result's."""
+    lines = transcript("claude-real-write-allowed.jsonl").splitlines(keepends=True)
+    future = '{"type":"subagent_turn","session_id":"a-subagents-session","total_cost_usd":9}\n'
+    adapter = ClaudeAdapter()
+    with caplog.at_level(logging.DEBUG, logger="gridd.adapters"):
+        signals = feed(adapter, [*lines[:3], future, future, *lines[3:]])
+    assert [r.getMessage() for r in caplog.records] == [
+        "claude output: unknown message type 'subagent_turn' ignored"
+    ]
+    assert [s for s in signals if isinstance(s, SessionId)] == [
+        SessionId("184aa724-1381-478b-af17-3781b4afef7c")
+    ]
+    assert [s for s in signals if isinstance(s, Cost)] == [Cost(0.00068)]
+    assert not [s for s in signals if isinstance(s, Malformed)]
+    assert signals[-1] == Result(True, "Done.", "success", 2) and adapter.idle()
 
 
 def test_claude_ask_user_question_is_one_ask_answered_through_the_control_protocol() -> None:

@@ -4,6 +4,7 @@ together as the pool reads them) become the same signals however they are chunke
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -112,10 +113,16 @@ def test_a_retry_the_cli_makes_itself_is_shown_as_retrying() -> None:
     assert of(Result, signals) == [Result(ok=True, text="Done.", subtype="success")]
 
 
-def test_unknown_events_are_reported_once_and_never_end_the_run() -> None:
+def test_unknown_events_are_logged_once_at_debug_and_never_end_the_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     adapter = GeminiAdapter()
     line = '{"type":"thought","content":"hm"}\n'
-    assert len(of(Malformed, adapter.feed_output(line + line))) == 1
+    with caplog.at_level(logging.DEBUG, logger="gridd.adapters"):
+        assert adapter.feed_output(line + line) == []
+    assert [r.getMessage() for r in caplog.records] == [
+        "gemini output: unknown message type 'thought' ignored"
+    ]
     assert not adapter.idle()
 
 

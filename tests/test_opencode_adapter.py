@@ -5,6 +5,7 @@ signals however they are chunked; a 429 it gives up on is parked to its headers'
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -80,11 +81,17 @@ def test_a_429_opencode_gives_up_on_is_parked_to_its_retry_after() -> None:
     assert limited.source == "retry-after"
 
 
-def test_unknown_events_are_reported_once_and_never_end_the_run() -> None:
+def test_unknown_events_are_logged_once_at_debug_and_never_end_the_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     adapter = OpencodeAdapter()
     line = '{"type":"permission","sessionID":"ses_1"}\n'
-    signals = adapter.feed_output(line + line)
-    assert len(of(Malformed, signals)) == 1 and not adapter.idle()
+    with caplog.at_level(logging.DEBUG, logger="gridd.adapters"):
+        assert adapter.feed_output(line + line) == []  # not even its session id
+    assert not adapter.idle()
+    assert [r.getMessage() for r in caplog.records] == [
+        "opencode output: unknown message type 'permission' ignored"
+    ]
 
 
 def test_the_opencode_profile_is_bundled_runs_in_its_worktree_and_resumes_by_session() -> None:

@@ -4,11 +4,14 @@ The pool feeds an adapter every output chunk (stdout and stderr, combined, as te
 every heartbeat line; the adapter answers with ``Signal``s. When a human answers a
 question, ``encode_answer`` gives the exact text to write to the agent's stdin; a message
 sent unasked goes through ``encode_follow_up``.
-Malformed or truncated input is never fatal: it becomes a ``Malformed`` signal.
+Malformed or truncated input is never fatal: it becomes a ``Malformed`` signal. A message
+of a type the adapter does not know (a newer CLI's) is ``Unknown``: logged once, at debug
+level, and otherwise ignored, with everything it carries.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -129,6 +132,23 @@ class Malformed:
     """Input the adapter could not use (skipped, never fatal)."""
 
     message: str
+
+
+class Unknown:
+    """The message types a run's output had that its adapter does not know. CLIs add types
+    often (a newer version than the adapter was written for), so one is not a warning: it
+    is logged once per run and type, at debug level, and nothing it carries is read."""
+
+    log = logging.getLogger("gridd.adapters")
+
+    def __init__(self, adapter: str) -> None:
+        self._adapter = adapter
+        self._seen: set[str] = set()
+
+    def note(self, kind: str) -> None:
+        if kind not in self._seen:
+            self._seen.add(kind)
+            self.log.debug("%s output: unknown message type %r ignored", self._adapter, kind)
 
 
 Signal = (

@@ -20,8 +20,11 @@ What each output line becomes:
     result                   Cost(total_cost_usd, or the older cost_usd), Usage, at most one
                              RateLimited (structured signals first, claude_limits.py), Result
     a usage-limit notice     RateLimited (a non-JSON line; exact phrasings only)
-    anything else            ignored if it is a JSON object; Malformed if not (at most one
-                             warning per ``MALFORMED_EVERY`` bad lines), never an exception
+    stream_event, control_response, keep_alive, other system subtypes: nothing
+    a type not named here    a newer CLI's: logged once at debug level, and nothing it
+                             carries is read (not even its session_id)
+    anything else            Malformed if not a JSON object (at most one warning per
+                             ``MALFORMED_EVERY`` bad lines), never an exception
 
 The CLI waits for the next user message after ``result``: ``ends_on_result`` and ``idle()``
 tell the pool when the conversation is over (the turn ended and every message gridd sent has
@@ -55,6 +58,7 @@ from gridd.adapters.base import (
     SessionId,
     Signal,
     ToolUse,
+    Unknown,
     Usage,
 )
 from gridd.adapters.beat import Beat
@@ -66,6 +70,21 @@ MAX_LINE = 16 * 1024 * 1024  # a tool_result line may carry a whole file
 
 
 PERMISSION_MODES = ("default", "acceptEdits", "plan", "bypassPermissions")
+#: The message types read or knowingly skipped; any other is a newer CLI's (``Unknown``).
+KNOWN = frozenset(
+    {
+        "system",
+        "rate_limit_event",
+        "assistant",
+        "user",
+        "control_request",
+        "control_cancel_request",
+        "result",
+        "stream_event",
+        "control_response",
+        "keep_alive",
+    }
+)
 #: What a nudge says: Claude takes it as the next user message of the same session.
 NUDGE_TEXT = "continue"
 
@@ -105,6 +124,7 @@ class ClaudeAdapter(Adapter):
         self._routes: dict[str, dict[str, Any]] = {}  # open Ask key -> how to answer it
         self._asked: set[str] = set()
         self._bad = 0
+        self._unknown = Unknown(self.name)
 
     def initial_input(self, prompt: str) -> str | None:
         self._sent += 1
@@ -179,8 +199,11 @@ class ClaudeAdapter(Adapter):
             return self._malformed(f"invalid or truncated JSON: {text[:80]!r}")
         if not isinstance(obj, dict):
             return self._malformed(f"not a JSON object: {text[:80]!r}")
-        signals = self._session_change(obj)
         kind, subtype = obj.get("type"), obj.get("subtype")
+        if kind not in KNOWN:
+            self._unknown.note(str(kind))
+            return []
+        signals = self._session_change(obj)
         if kind == "system" and subtype == "init":
             model = _str(obj.get("model"))
             signals += [ModelName(model)] if model else []
@@ -205,7 +228,7 @@ class ClaudeAdapter(Adapter):
             signals.extend(self._control_cancel(obj.get("request_id")))
         elif kind == "result":
             signals.extend(self._result(obj))
-        return signals  # other types (stream_event, control_response, ...) carry nothing
+        return signals  # stream_event, control_response, ... carry nothing
 
     def _result(self, obj: dict[str, Any]) -> list[Signal]:
         text = _str(obj.get("result")) or ""

@@ -17,7 +17,7 @@ What each event becomes:
                              Result(ok)
     turn.failed              at most one RateLimited, then Result(not ok, the message)
     a usage-limit line       RateLimited (prose on stderr, outside --json)
-    other JSON               ignored, one Malformed per unknown event type (never fatal)
+    other JSON               an unknown type: logged once at debug level, ignored
 
 A finished turn ends the run: ``ends_on_result`` with ``idle()`` after ``turn.completed``
 or ``turn.failed`` (codex exits by itself; the pool stops it if it lingers).

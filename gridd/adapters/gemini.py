@@ -17,7 +17,7 @@ What each event becomes:
                              RateLimited, Result(status == "success")
     "Attempt N failed: ..."  stderr: the CLI retries a 429 or 5xx itself; "Retrying after
     "... Retrying after Xms" Xms" gives Retrying (alive, not stalled)
-    other JSON               ignored, one Malformed per unknown event type (never fatal)
+    other JSON               an unknown type: logged once at debug level, ignored
 
 Rate limits: a quota error ends the run with exit 173 and a result whose message says
 "Suggested retry after 400s." when the API sent a RetryInfo delay too long for the CLI to

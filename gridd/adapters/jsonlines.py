@@ -1,6 +1,7 @@
 """What the adapters of CLIs that print one JSON event per line and read no input after
 their start (Codex, Gemini CLI, opencode) share: line splitting, JSON parsing that is never
-fatal (one ``Malformed`` per ``MALFORMED_EVERY`` bad lines, one per unknown event type),
+fatal (one ``Malformed`` per ``MALFORMED_EVERY`` bad lines; an unknown event type is logged
+once at debug level and ignored, ``base.Unknown``),
 the run ending with the turn (``ends_on_result``, ``idle``), and no stdin traffic.
 
 A subclass names itself (``name``), lists its ``KNOWN`` event types, and implements
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
-from gridd.adapters.base import Activity, Adapter, Ask, Malformed, Signal
+from gridd.adapters.base import Activity, Adapter, Ask, Malformed, Signal, Unknown
 from gridd.adapters.beat import Beat
 from gridd.adapters.lines import LineSplitter, Overlong
 
@@ -31,7 +32,7 @@ class JsonLinesAdapter(Adapter):
     def __init__(self) -> None:
         self._lines = LineSplitter(max_line=MAX_LINE)
         self._turn_over = False  # the turn ended: the run may end
-        self._unknown: set[str] = set()
+        self._unknown = Unknown(self.name)
         self._bad = 0
 
     def event(self, obj: dict[str, Any]) -> list[Signal]:
@@ -81,9 +82,9 @@ class JsonLinesAdapter(Adapter):
         if not isinstance(obj, dict):
             return self._malformed(f"not a JSON object: {text[:80]!r}")
         kind = obj.get("type")
-        if isinstance(kind, str) and kind not in self.KNOWN and kind not in self._unknown:
-            self._unknown.add(kind)
-            return [Malformed(f"{self.name} output: unknown event type {kind!r} (ignored)")]
+        if isinstance(kind, str) and kind not in self.KNOWN:
+            self._unknown.note(kind)
+            return []
         return self.event(obj)
 
     def _malformed(self, message: str) -> list[Signal]:

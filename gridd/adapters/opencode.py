@@ -14,7 +14,7 @@ What each event becomes (every event carries the ``sessionID``: the first gives 
                              end for tool calls ends the turn: Result(ok)
     error                    at most one RateLimited (a 429, its reset from the response's
                              retry-after or reset headers), Result(not ok, "<name>: message")
-    other JSON               ignored, one Malformed per unknown event type (never fatal)
+    other JSON               an unknown type: logged once at debug level, ignored
 
 opencode takes its directory from ``$PWD``, not from its working directory: the profile
 passes ``--dir {worktree}``. It waits out a retryable 429 by itself; only one it gives up on

@@ -1,6 +1,6 @@
 """What the real-CLI tests (Claude Code, Codex, Gemini CLI, opencode) share: where each
-pinned CLI is installed, the newest agent of a task, the argv a run was started with, and
-wall-clock times read back from the API.
+pinned CLI is installed, the newest agent of a task, the argv a run was started with,
+wall-clock times read back from the API, and the CLI's own output shown when a test fails.
 
 The CLIs, their npm packages and their pinned versions are listed once, in
 ``tests/tools/agent-clis.txt``; ``tests/tools/install-cli.sh`` installs each under
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -73,3 +75,18 @@ def spec_argv(agent: dict[str, Any]) -> list[str]:
 def epoch(value: str) -> float:
     """Epoch seconds of an API timestamp."""
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+@contextmanager
+def shown_on_failure(repo: Path, *, last: int = 40) -> Iterator[None]:
+    """Print the last lines each run of the test printed (``output.log``) when the block
+    ends: pytest shows what a test printed only when it fails, so a failing test shows what
+    the CLI said, and its program's path (drift in a newer version is read from there)."""
+    try:
+        yield
+    finally:
+        for log in sorted((repo / ".grid" / "runs").glob("*/output.log")):
+            spec = log.parent / "spec.json"
+            argv = json.loads(spec.read_text()).get("argv", []) if spec.exists() else []
+            print(f"--- the last {last} lines of {log} ({' '.join(map(str, argv))[:200]}) ---")
+            print("\n".join(log.read_text(errors="replace").splitlines()[-last:]))

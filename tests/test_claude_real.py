@@ -26,7 +26,7 @@ from tests.helpers import (
     wait_task_status,
     write_core_config,
 )
-from tests.real_cli import agent_of, epoch, needs, program, spec_argv
+from tests.real_cli import agent_of, epoch, needs, program, shown_on_failure, spec_argv
 
 CLAUDE = program("claude")
 
@@ -37,8 +37,8 @@ pytestmark = [
 
 
 @pytest.fixture
-def api() -> Iterator[StandIn]:
-    with standin() as server:
+def api(repo: Path) -> Iterator[StandIn]:
+    with standin() as server, shown_on_failure(repo):
         yield server
 
 

@@ -34,7 +34,7 @@ from tests.helpers import (
     write_core_config,
 )
 from tests.openai_standin import MODEL, StandIn, Turn, call, error, standin, usage_limit
-from tests.real_cli import ROOT, agent_of, epoch, needs, program, spec_argv
+from tests.real_cli import ROOT, agent_of, epoch, needs, program, shown_on_failure, spec_argv
 
 CODEX = program("codex")
 
@@ -45,8 +45,8 @@ pytestmark = [
 
 
 @pytest.fixture
-def api() -> Iterator[StandIn]:
-    with standin() as server:
+def api(repo: Path) -> Iterator[StandIn]:
+    with standin() as server, shown_on_failure(repo):
         yield server
 
 

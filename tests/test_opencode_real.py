@@ -21,7 +21,7 @@ from gridd.client import GridClient
 from gridd.settings import OPENCODE_RUN_ARGS
 from tests.anthropic_standin import StandIn, Turn, error, standin, tool
 from tests.helpers import core_daemon, event_log, git_show, wait_task_status, write_core_config
-from tests.real_cli import agent_of, needs, program, spec_argv
+from tests.real_cli import agent_of, needs, program, shown_on_failure, spec_argv
 
 OPENCODE = program("opencode")
 
@@ -32,8 +32,8 @@ pytestmark = [
 
 
 @pytest.fixture
-def api() -> Iterator[StandIn]:
-    with standin() as server:
+def api(repo: Path) -> Iterator[StandIn]:
+    with standin() as server, shown_on_failure(repo):
         yield server
 
 

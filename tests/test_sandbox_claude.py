@@ -22,7 +22,7 @@ from tests.helpers import (
     wait_task_status,
     write_core_config,
 )
-from tests.real_cli import agent_of, needs
+from tests.real_cli import agent_of, needs, shown_on_failure
 from tests.test_claude_real import claude_profile
 
 pytestmark = [
@@ -33,8 +33,8 @@ pytestmark = [
 
 
 @pytest.fixture
-def api() -> Iterator[StandIn]:
-    with standin() as server:
+def api(repo: Path) -> Iterator[StandIn]:
+    with standin() as server, shown_on_failure(repo):
         yield server
 
 

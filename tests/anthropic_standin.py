@@ -42,15 +42,24 @@ class Turn:
     error_message: str = "error"
     #: Hold the response back until the test releases this event (or 20 s pass).
     gate: threading.Event | None = None
-    #: A subscription limit (``five_hour``, ...) that resets this many seconds after the
-    #: request: its unified headers are made when the request comes (see ``resets``).
+    #: A subscription limit (``five_hour``, ...) that resets this many seconds after its
+    #: first request (``reset_at``, also in ``resets``): every turn until that second gets
+    #: the same 429 with its unified headers, as a CLI retrying by itself would see.
     limit_claim: str | None = None
     reset_in: float = 5.0
+    reset_at: int | None = None
     input_tokens: int = 25
     output_tokens: int = 12
     #: Answer every turn from now on with this one (an API that refuses a request refuses
     #: the CLI's retries of it too: Claude Code 2.1.3xx retries a 400 with fewer betas).
     persists: bool = False
+
+    def holds(self) -> bool:
+        """It answers more than one turn (until it is ``over``)."""
+        return self.persists or self.limit_claim is not None
+
+    def over(self) -> bool:
+        return self.reset_at is not None and time.time() >= self.reset_at
 
 
 def text(body: str, **kw: Any) -> Turn:
@@ -79,10 +88,10 @@ def error(
     )
 
 
-def limit(claim: str, *, reset_in: float = 5.0) -> Turn:
+def limit(claim: str, *, reset_in: float = 5.0, headers: dict[str, str] | None = None) -> Turn:
     """A subscription's usage limit (429, rejected by the unified limiter), resetting
-    ``reset_in`` seconds after the request."""
-    turn = error(429, message="usage limit reached")
+    ``reset_in`` seconds after its first request; ``headers`` are added to its own."""
+    turn = error(429, message="usage limit reached", headers=headers)
     turn.limit_claim, turn.reset_in = claim, reset_in
     return turn
 
@@ -171,8 +180,14 @@ class StandIn:
             self._lock.notify_all()
             if not body.get("tools"):
                 return Turn(text="A short title")
+            while self.script and self.script[0].over():
+                self.script.pop(0)
             if self.script:
-                return self.script[0] if self.script[0].persists else self.script.pop(0)
+                turn = self.script[0] if self.script[0].holds() else self.script.pop(0)
+                if turn.limit_claim is not None and turn.reset_at is None:
+                    turn.reset_at = int(time.time() + turn.reset_in) + 1
+                    self.resets.append(turn.reset_at)
+                return turn
         return Turn(text="Done.")
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
@@ -181,11 +196,9 @@ class StandIn:
         turn = self._next(body)
         if turn.gate is not None:
             await asyncio.get_running_loop().run_in_executor(None, turn.gate.wait, 20.0)
-        if turn.limit_claim is not None:
-            reset = int(time.time() + turn.reset_in) + 1
-            self.resets.append(reset)
+        if turn.limit_claim is not None and turn.reset_at is not None:
             turn.headers = {
-                **unified_limit_headers(claim=turn.limit_claim, reset=reset),
+                **unified_limit_headers(claim=turn.limit_claim, reset=turn.reset_at),
                 **turn.headers,
             }
         if turn.status >= 400:

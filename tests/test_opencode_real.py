@@ -19,9 +19,16 @@ import pytest
 
 from gridd.client import GridClient
 from gridd.settings import OPENCODE_RUN_ARGS
-from tests.anthropic_standin import StandIn, Turn, error, standin, tool
-from tests.helpers import core_daemon, event_log, git_show, wait_task_status, write_core_config
-from tests.real_cli import agent_of, needs, program, shown_on_failure, spec_argv
+from tests.anthropic_standin import StandIn, Turn, error, limit, standin, tool
+from tests.helpers import (
+    core_daemon,
+    event_log,
+    git_show,
+    wait_for_events,
+    wait_task_status,
+    write_core_config,
+)
+from tests.real_cli import agent_of, epoch, needs, program, shown_on_failure, spec_argv
 
 OPENCODE = program("opencode")
 
@@ -170,3 +177,36 @@ def test_a_daemon_killed_mid_run_reattaches_opencode_and_loses_none_of_its_outpu
             assert agent["costUsd"] == pytest.approx(expected)
             assert c2.get("/tasks/crash")["costUsd"] == pytest.approx(expected)
             assert len(event_log(c2, types={"agent.spawned"})) == 1
+
+
+def test_a_rate_limit_opencode_gives_up_on_parks_the_task_to_its_reset_and_resumes_the_session(
+    repo: Path, tmp_path: Path, api: StandIn
+) -> None:
+    setup(repo, tmp_path, api)
+    # Every request gets the 429 until the reset: opencode retries it five times by itself
+    # (retry-after-ms apart), then gives up with an error event carrying the headers.
+    api.push(limit("five_hour", reset_in=6, headers={"retry-after-ms": "100"}))
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        start(c, "limited")
+        parked = wait_task_status(c, "limited", "rate_limited", timeout=120)
+        [event] = wait_for_events(c, {"agent.rate_limited"}, 1, timeout=10)
+        first = agent_of(c, "limited")
+        [reset] = api.resets
+        assert len(api.turns()) == 6  # the first request and opencode's five retries
+        assert event.data["source"] == "anthropic-ratelimit-unified-reset"
+        assert float(event.data["resetsAt"]) == reset  # the exact second the API named
+        assert epoch(str(parked["resumeAt"])) == pytest.approx(reset + 1, abs=0.01)
+        task = wait_task_status(c, "limited", "review", timeout=120)
+        second = agent_of(c, "limited")
+        assert second["id"] != first["id"]
+        assert epoch(second["startedAt"]) >= reset + 1  # never early
+        argv = spec_argv(second)
+        assert argv[argv.index("--session") + 1] == first["sessionId"]
+        assert second["sessionId"] == first["sessionId"]
+        texts = api.user_texts()
+        # The first prompt is still the conversation's first message (opencode quotes it).
+        assert "do the task" in texts[0] and "rate limit" not in texts[0]
+        assert "interrupted by a rate limit" in texts[-1]
+        assert len(event_log(c, types={"agent.rate_limited"})) == 1
+        assert task["status"] == "review"

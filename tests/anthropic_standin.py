@@ -2,8 +2,8 @@
 real Claude Code CLI offline (``ANTHROPIC_BASE_URL=standin.url``).
 
 It serves ``POST /v1/messages`` (SSE when ``stream`` is true, JSON otherwise),
-``POST /v1/messages/count_tokens`` and ``GET /v1/models`` on 127.0.0.1 (a free port), from
-an aiohttp app in a thread of its own, so synchronous tests can use it.
+``POST /v1/messages/count_tokens`` and ``GET /v1/models`` on 127.0.0.1 (``tests/standin.py``
+has what the stand-ins share: the script, the records, the server).
 
 Each request that offers tools is a turn of the conversation: it takes the next scripted
 ``Turn`` (text, tool_use, or an HTTP error with headers). When the script is empty, the
@@ -14,34 +14,28 @@ is recorded (``requests``) so tests can assert what the model saw.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
+from tests.standin import Reply, ScriptedAPI, not_here
+
 MODEL = "claude-sonnet-4-5-20250929"
 
 
 @dataclass
-class Turn:
+class Turn(Reply):
     """One scripted answer: ``text`` and/or ``tool_uses`` ((name, input) pairs), or an HTTP
     error (``status`` >= 400 with ``headers`` and an Anthropic error body)."""
 
     text: str | None = None
     tool_uses: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    status: int = 200
-    headers: dict[str, str] = field(default_factory=dict)
     error_type: str = "api_error"
     error_message: str = "error"
-    #: Hold the response back until the test releases this event (or 20 s pass).
-    gate: threading.Event | None = None
     #: A subscription limit (``five_hour``, ...) that resets this many seconds after its
     #: first request (``reset_at``, also in ``resets``): every turn until that second gets
     #: the same 429 with its unified headers, as a CLI retrying by itself would see.
@@ -50,16 +44,20 @@ class Turn:
     reset_at: int | None = None
     input_tokens: int = 25
     output_tokens: int = 12
-    #: Answer every turn from now on with this one (an API that refuses a request refuses
-    #: the CLI's retries of it too: Claude Code 2.1.3xx retries a 400 with fewer betas).
-    persists: bool = False
 
     def holds(self) -> bool:
-        """It answers more than one turn (until it is ``over``)."""
         return self.persists or self.limit_claim is not None
 
     def over(self) -> bool:
         return self.reset_at is not None and time.time() >= self.reset_at
+
+    def taken(self) -> None:
+        if self.limit_claim is not None and self.reset_at is None:
+            self.reset_at = int(time.time() + self.reset_in) + 1
+            self.headers = {
+                **unified_limit_headers(claim=self.limit_claim, reset=self.reset_at),
+                **self.headers,
+            }
 
 
 def text(body: str, **kw: Any) -> Turn:
@@ -116,35 +114,17 @@ def unified_limit_headers(
     return headers
 
 
-class StandIn:
+class StandIn(ScriptedAPI[Turn]):
+    name = "anthropic-standin"
+
     def __init__(self) -> None:
-        self.script: list[Turn] = []
-        self.requests: list[dict[str, Any]] = []  # every /v1/messages body, side calls too
+        super().__init__()
         self.headers: list[dict[str, str]] = []
-        self.resets: list[int] = []  # the reset epochs of the limits served
-        self.url = ""
-        self._lock = threading.Condition()
 
-    # -- scripting -----------------------------------------------------------------------
-
-    def push(self, *turns: Turn) -> None:
-        with self._lock:
-            self.script.extend(turns)
-
-    def turns(self) -> list[dict[str, Any]]:
-        """The recorded requests that were conversation turns (they offered tools)."""
-        with self._lock:
-            return [r for r in self.requests if r.get("tools")]
-
-    def wait_turns(self, count: int, timeout: float = 30.0) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while len([r for r in self.requests if r.get("tools")]) < count:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"the stand-in saw fewer than {count} turns")
-                self._lock.wait(left)
-            return [r for r in self.requests if r.get("tools")]
+    @property
+    def resets(self) -> list[int]:
+        """The reset epochs of the limits served."""
+        return [t.reset_at for t in self.answered if t.reset_at is not None]
 
     def tool_results(self) -> list[dict[str, Any]]:
         """Every tool_result block the model was shown, in order, without repeats."""
@@ -157,9 +137,10 @@ class StandIn:
                         seen.setdefault(str(block.get("tool_use_id")), block)
         return list(seen.values())
 
-    def user_texts(self) -> list[str]:
-        """The text of every user message in the last turn's conversation."""
-        turns = self.turns()
+    def user_texts(self, request: dict[str, Any] | None = None) -> list[str]:
+        """The text of every user message in ``request``'s conversation (a turn's body;
+        the last turn's by default)."""
+        turns = [request] if request is not None else self.turns()[-1:]
         out: list[str] = []
         for message in turns[-1].get("messages", []) if turns else []:
             if message.get("role") != "user":
@@ -174,33 +155,14 @@ class StandIn:
 
     # -- serving -------------------------------------------------------------------------
 
-    def _next(self, body: dict[str, Any]) -> Turn:
-        with self._lock:
-            self.requests.append(body)
-            self._lock.notify_all()
-            if not body.get("tools"):
-                return Turn(text="A short title")
-            while self.script and self.script[0].over():
-                self.script.pop(0)
-            if self.script:
-                turn = self.script[0] if self.script[0].holds() else self.script.pop(0)
-                if turn.limit_claim is not None and turn.reset_at is None:
-                    turn.reset_at = int(time.time() + turn.reset_in) + 1
-                    self.resets.append(turn.reset_at)
-                return turn
-        return Turn(text="Done.")
-
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.headers.append(dict(request.headers))
-        turn = self._next(body)
-        if turn.gate is not None:
-            await asyncio.get_running_loop().run_in_executor(None, turn.gate.wait, 20.0)
-        if turn.limit_claim is not None and turn.reset_at is not None:
-            turn.headers = {
-                **unified_limit_headers(claim=turn.limit_claim, reset=turn.reset_at),
-                **turn.headers,
-            }
+        # Requests without tools are the CLI's side calls (titles, summaries).
+        turn = self.take(body, turn=bool(body.get("tools")))
+        if turn is None:
+            turn = Turn(text="Done." if body.get("tools") else "A short title")
+        await self.held(turn)
         if turn.status >= 400:
             payload = {
                 "type": "error",
@@ -333,13 +295,11 @@ class StandIn:
         )
 
     async def _other(self, request: web.Request) -> web.Response:
-        await request.read()
-        return web.json_response(
-            {"type": "error", "error": {"type": "not_found_error", "message": "not here"}},
-            status=404,
+        return await not_here(
+            request, {"type": "error", "error": {"type": "not_found_error", "message": "not here"}}
         )
 
-    def _app(self) -> web.Application:
+    def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
@@ -347,56 +307,6 @@ class StandIn:
         app.router.add_route("*", "/{tail:.*}", self._other)
         return app
 
-    @contextmanager
-    def running(self) -> Iterator[StandIn]:
-        with serve_app(self._app(), name="anthropic-standin") as url:
-            self.url = url
-            yield self
 
-
-@contextmanager
-def serve_app(app: web.Application, *, name: str) -> Iterator[str]:
-    """Serve ``app`` on 127.0.0.1 (a free port) from a thread of its own; yields its URL."""
-    started = threading.Event()
-    failure: list[BaseException] = []
-    url: list[str] = []
-    loops: list[asyncio.AbstractEventLoop] = []
-
-    def serve() -> None:
-        loop = asyncio.new_event_loop()
-        loops.append(loop)
-        try:
-            runner = web.AppRunner(app, access_log=None)
-            loop.run_until_complete(runner.setup())
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            loop.run_until_complete(site.start())
-            port = runner.addresses[0][1]
-            url.append(f"http://127.0.0.1:{port}")
-        except BaseException as exc:  # reported to the starting thread
-            failure.append(exc)
-            started.set()
-            return
-        started.set()
-        loop.run_forever()
-        loop.run_until_complete(runner.cleanup())
-        loop.close()
-
-    thread = threading.Thread(target=serve, name=name, daemon=True)
-    thread.start()
-    started.wait(10)
-    if failure:
-        raise failure[0]
-    try:
-        yield url[0]
-    finally:
-        if loops:
-            loops[0].call_soon_threadsafe(loops[0].stop)
-        thread.join(10)
-
-
-@contextmanager
-def standin(*turns: Turn) -> Iterator[StandIn]:
-    server = StandIn()
-    server.push(*turns)
-    with server.running() as running:
-        yield running
+#: ``with standin(*turns) as api``: a stand-in scripted with ``turns``, running.
+standin = StandIn.serving

@@ -3,43 +3,34 @@ CLI offline (``GOOGLE_GEMINI_BASE_URL=standin.url``, ``GEMINI_API_KEY`` any stri
 
 It serves ``POST /v1beta/models/<model>:streamGenerateContent`` (SSE, one
 ``GenerateContentResponse`` per event), ``:generateContent`` and ``:countTokens`` on
-127.0.0.1, from a thread of its own (``tests/anthropic_standin.py``'s server, shared). Each
-streamed request is a turn: it takes the next scripted ``Turn`` (text, a function call, or an
-HTTP error). When the script is empty, the turn is a plain "Done." Non-streamed calls are
-the CLI's side calls (routing, checks): they get a short JSON text and leave the script
-alone. Every request is recorded (``requests``: path and body).
+127.0.0.1 (``tests/standin.py`` has what the stand-ins share: the script, the records, the
+server). Each streamed request is a turn: it takes the next scripted ``Turn`` (text, a
+function call, or an HTTP error). When the script is empty, the turn is a plain "Done."
+Non-streamed calls are the CLI's side calls (routing, checks): they get a short JSON text
+and leave the script alone. Every request body is recorded (``requests``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
-from tests.anthropic_standin import serve_app
+from tests.standin import Reply, ScriptedAPI, not_here
 
 MODEL = "gemini-2.5-pro"
 
 
 @dataclass
-class Turn:
+class Turn(Reply):
     """One scripted answer: ``text`` and/or ``calls`` ((function name, args) pairs), or an
     HTTP error (``status`` >= 400 with ``headers`` and ``body``)."""
 
     text: str | None = None
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    status: int = 200
-    headers: dict[str, str] = field(default_factory=dict)
     body: dict[str, Any] = field(default_factory=dict)
-    #: Hold the response back until the test releases this event (or 30 s pass).
-    gate: threading.Event | None = None
     prompt_tokens: int = 1000
     output_tokens: int = 50
 
@@ -88,31 +79,10 @@ def error(status: int, *, message: str = "", reason: str = "") -> Turn:
     return Turn(status=status, body={"error": payload})
 
 
-class StandIn:
-    def __init__(self) -> None:
-        self.script: list[Turn] = []
-        self.requests: list[tuple[str, dict[str, Any]]] = []
-        self.url = ""
-        self._lock = threading.Condition()
+class StandIn(ScriptedAPI[Turn]):
+    """The streamed requests are the turns."""
 
-    def push(self, *turns: Turn) -> None:
-        with self._lock:
-            self.script.extend(turns)
-
-    def turns(self) -> list[dict[str, Any]]:
-        """The bodies of the streamed requests (the conversation's turns)."""
-        with self._lock:
-            return [body for path, body in self.requests if "streamGenerateContent" in path]
-
-    def wait_turns(self, count: int, timeout: float = 30.0) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while len(self.turns()) < count:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"the stand-in saw fewer than {count} turns")
-                self._lock.wait(left)
-            return self.turns()
+    name = "gemini-standin"
 
     def function_responses(self) -> list[dict[str, Any]]:
         """Every functionResponse part the model was shown, without repeats."""
@@ -134,16 +104,6 @@ class StandIn:
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
                     out.append(part["text"])
         return out
-
-    def _next(self, path: str, body: dict[str, Any]) -> Turn:
-        with self._lock:
-            self.requests.append((path, body))
-            self._lock.notify_all()
-            if "streamGenerateContent" not in path:
-                return Turn(text='{"reasoning": "stand-in", "next_speaker": "user"}')
-            if self.script:
-                return self.script.pop(0)
-        return Turn(text="Done.")
 
     @staticmethod
     def _response(turn: Turn, model: str) -> dict[str, Any]:
@@ -170,9 +130,12 @@ class StandIn:
         model, _, method = tail.partition(":")
         if method == "countTokens":
             return web.json_response({"totalTokens": 42})
-        turn = self._next(request.path, body)
-        if turn.gate is not None:
-            await asyncio.get_running_loop().run_in_executor(None, turn.gate.wait, 30.0)
+        turn = self.take(body, turn=method == "streamGenerateContent")
+        if turn is None and method == "streamGenerateContent":
+            turn = Turn(text="Done.")
+        elif turn is None:  # routing, checks
+            turn = Turn(text='{"reasoning": "stand-in", "next_speaker": "user"}')
+        await self.held(turn)
         if turn.status >= 400:
             return web.json_response(turn.body, status=turn.status, headers=turn.headers)
         payload = self._response(turn, model)
@@ -187,10 +150,7 @@ class StandIn:
         return response
 
     async def _other(self, request: web.Request) -> web.Response:
-        await request.read()
-        with self._lock:
-            self.requests.append((request.path, {}))
-        return web.json_response({"error": {"code": 404, "message": "not here"}}, status=404)
+        return await not_here(request, {"error": {"code": 404, "message": "not here"}})
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -199,10 +159,5 @@ class StandIn:
         return app
 
 
-@contextmanager
-def standin(*turns: Turn) -> Iterator[StandIn]:
-    server = StandIn()
-    server.push(*turns)
-    with serve_app(server.app(), name="gemini-standin") as url:
-        server.url = url
-        yield server
+#: ``with standin(*turns) as api``: a stand-in scripted with ``turns``, running.
+standin = StandIn.serving

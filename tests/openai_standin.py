@@ -5,43 +5,35 @@ real Codex CLI offline (a ``model_providers`` entry of ``$CODEX_HOME/config.toml
 
 It serves ``POST /v1/responses`` as SSE (``response.created``, one
 ``response.output_item.done`` per item, ``response.completed`` with the usage) on
-127.0.0.1, from an aiohttp app in a thread of its own (``tests/anthropic_standin.py``'s
-server, shared). Each request takes the next scripted ``Turn``: text, a function call, or
-an HTTP error with headers and body. When the script is empty, the turn is a plain
-"Done." Every request body is recorded (``requests``).
+127.0.0.1 (``tests/standin.py`` has what the stand-ins share: the script, the records, the
+server). Each request takes the next scripted ``Turn``: text, a function call, or an HTTP
+error with headers and body. When the script is empty, the turn is a plain "Done." Every
+request body is recorded (``requests``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
-from tests.anthropic_standin import serve_app
+from tests.standin import Reply, ScriptedAPI, not_here
 
 MODEL = "gpt-5-codex"
 
 
 @dataclass
-class Turn:
+class Turn(Reply):
     """One scripted answer: ``text`` and/or ``calls`` ((function name, arguments) pairs), or
     an HTTP error (``status`` >= 400 with ``headers`` and ``body``)."""
 
     text: str | None = None
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    status: int = 200
-    headers: dict[str, str] = field(default_factory=dict)
     body: dict[str, Any] = field(default_factory=dict)
-    #: Hold the response back until the test releases this event (or 30 s pass).
-    gate: threading.Event | None = None
     #: A usage limit (429 ``usage_limit_reached``) that resets at this epoch second.
     resets_at: int | None = None
     input_tokens: int = 1200
@@ -74,27 +66,15 @@ def usage_limit(*, resets_at: int) -> Turn:
     return turn
 
 
-class StandIn:
-    def __init__(self) -> None:
-        self.script: list[Turn] = []
-        self.requests: list[dict[str, Any]] = []
-        self.resets: list[int] = []  # the reset epochs of the usage limits served
-        self.url = ""
-        self._lock = threading.Condition()
+class StandIn(ScriptedAPI[Turn]):
+    """Every request is a turn."""
 
-    def push(self, *turns: Turn) -> None:
-        with self._lock:
-            self.script.extend(turns)
+    name = "openai-standin"
 
-    def wait_requests(self, count: int, timeout: float = 30.0) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while len(self.requests) < count:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"the stand-in saw fewer than {count} requests")
-                self._lock.wait(left)
-            return list(self.requests)
+    @property
+    def resets(self) -> list[int]:
+        """The reset epochs of the usage limits served."""
+        return [t.resets_at for t in self.answered if t.resets_at is not None]
 
     def inputs(self, kind: str) -> list[dict[str, Any]]:
         """Every input item of type ``kind`` the model was shown, without repeats."""
@@ -116,21 +96,11 @@ class StandIn:
                     out.append(part["text"])
         return out
 
-    def _next(self, body: dict[str, Any]) -> Turn:
-        with self._lock:
-            self.requests.append(body)
-            self._lock.notify_all()
-            if self.script:
-                return self.script.pop(0)
-        return Turn(text="Done.")
-
     async def _responses(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        turn = self._next(body)
-        if turn.gate is not None:
-            await asyncio.get_running_loop().run_in_executor(None, turn.gate.wait, 30.0)
+        turn = self.take(body) or Turn(text="Done.")
+        await self.held(turn)
         if turn.resets_at is not None:
-            self.resets.append(turn.resets_at)
             turn.body["error"]["resets_at"] = turn.resets_at
             turn.body["error"]["resets_in_seconds"] = max(turn.resets_at - int(time.time()), 0)
         if turn.status >= 400:
@@ -182,8 +152,7 @@ class StandIn:
         return web.json_response({"object": "list", "data": [], "models": []})
 
     async def _other(self, request: web.Request) -> web.Response:
-        await request.read()
-        return web.json_response({"error": {"message": "not here"}}, status=404)
+        return await not_here(request, {"error": {"message": "not here"}})
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -193,10 +162,5 @@ class StandIn:
         return app
 
 
-@contextmanager
-def standin(*turns: Turn) -> Iterator[StandIn]:
-    server = StandIn()
-    server.push(*turns)
-    with serve_app(server.app(), name="openai-standin") as url:
-        server.url = url
-        yield server
+#: ``with standin(*turns) as api``: a stand-in scripted with ``turns``, running.
+standin = StandIn.serving

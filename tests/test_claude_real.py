@@ -14,8 +14,6 @@ from typing import Any
 
 import pytest
 
-from gridd.client import GridClient
-from gridd.settings import CLAUDE_PERMISSION_ARGS, CLAUDE_STREAM_ARGS
 from tests.anthropic_standin import StandIn, Turn, error, limit, standin, tool
 from tests.helpers import (
     core_daemon,
@@ -26,42 +24,24 @@ from tests.helpers import (
     wait_task_status,
     write_core_config,
 )
-from tests.real_cli import agent_of, epoch, needs, program, shown_on_failure, spec_argv
+from tests.real_cli import (
+    agent_of,
+    assert_cost_counted_once,
+    claude_profile,
+    epoch,
+    marks,
+    shown_on_failure,
+    spec_argv,
+    start,
+)
 
-CLAUDE = program("claude")
-
-pytestmark = [
-    needs("claude"),
-    pytest.mark.timeout(180),
-]
+pytestmark = marks("claude")
 
 
 @pytest.fixture
 def api(repo: Path) -> Iterator[StandIn]:
     with standin() as server, shown_on_failure(repo):
         yield server
-
-
-def claude_profile(
-    api: StandIn, home: Path, *, oauth: bool = False, retries: int = 0, **options: Any
-) -> dict[str, object]:
-    env = {
-        "HOME": str(home),
-        "ANTHROPIC_BASE_URL": api.url,
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "DISABLE_AUTOUPDATER": "1",
-        "CLAUDE_CODE_MAX_RETRIES": str(retries),
-    }
-    # A subscriber's token makes the CLI report its usage limits (rate_limit_event).
-    env["CLAUDE_CODE_OAUTH_TOKEN" if oauth else "ANTHROPIC_API_KEY"] = "sk-ant-standin-dummy"
-    return {
-        "adapter": "claude",
-        "stdin": "pipe",
-        "command": [str(CLAUDE), *CLAUDE_STREAM_ARGS, *CLAUDE_PERMISSION_ARGS],
-        "adapter_options": {"permission_prompt_tool": "stdio", **options},
-        "env": env,
-        "launch_grace_seconds": 60,
-    }
 
 
 def setup(
@@ -72,18 +52,11 @@ def setup(
     scheduler: dict[str, object] | None = None,
     **kw: Any,
 ) -> None:
-    home = tmp_path / "home"
-    home.mkdir(exist_ok=True)
     write_core_config(
         repo,
-        agents={"claude": claude_profile(api, home, **kw)},
+        agents={"claude": claude_profile(api.url, tmp_path / "home", **kw)},
         scheduler={"default_agent": "claude", **(scheduler or {})},
     )
-
-
-def start(c: GridClient, task_id: str, prompt: str = "do the task") -> None:
-    c.post("/tasks", {"id": task_id, "title": task_id, "prompt": prompt})
-    c.post("/session/start", {"featureBranch": "feature/claude"})
 
 
 def test_a_write_approved_by_a_question_ends_in_review_with_the_file_committed(
@@ -109,9 +82,7 @@ def test_a_write_approved_by_a_question_ends_in_review_with_the_file_committed(
         assert agent["inputTokens"] and agent["outputTokens"]
         # Cost counted once: the agent's, the task's and the session's are the same.
         assert agent["costUsd"] > 0
-        assert c.get("/tasks/write")["costUsd"] == pytest.approx(agent["costUsd"])
-        [completed] = event_log(c, types={"agent.completed"})
-        assert completed.data["costUsd"] == pytest.approx(agent["costUsd"])
+        assert_cost_counted_once(c, "write", agent["costUsd"])
         # The model saw the write succeed.
         [result] = api.tool_results()
         assert "created successfully" in str(result["content"])
@@ -185,25 +156,11 @@ def test_a_follow_up_sent_while_claude_works_becomes_part_of_the_conversation(
         assert reply == {"status": "delivered"}  # a follow-up, not an answer
         gate.set()
         wait_task_status(c, "follow", "review", timeout=60)
-        texts = [t for r in api.turns() for t in user_texts_of(r)]
+        texts = [t for r in api.turns() for t in api.user_texts(r)]
         assert any("also mention the tests" in t for t in texts)
         assert len(event_log(c, types={"agent.responded"})) == 1
         # Every byte gridd wrote to claude's stdin was stream-json it accepted.
         assert agent_of(c, "follow")["exitCode"] == 0
-
-
-def user_texts_of(request: dict[str, Any]) -> list[str]:
-    out: list[str] = []
-    for message in request.get("messages", []):
-        content = message.get("content")
-        if message.get("role") != "user":
-            continue
-        if isinstance(content, str):
-            out.append(content)
-        for block in content if isinstance(content, list) else []:
-            if isinstance(block, dict) and block.get("type") == "text":
-                out.append(str(block.get("text")))
-    return out
 
 
 def test_an_error_result_fails_the_task_with_the_result_as_context(
@@ -214,8 +171,7 @@ def test_an_error_result_fails_the_task_with_the_result_as_context(
     api.push(error(400, kind="invalid_request_error", message=refusal, persists=True))
     with core_daemon(repo) as daemon:
         c = daemon.client()
-        c.post("/tasks", {"id": "bad", "title": "bad", "prompt": "go", "maxAttempts": 1})
-        c.post("/session/start", {"featureBranch": "feature/claude"})
+        start(c, "bad", prompt="go", maxAttempts=1)
         task = wait_task_status(c, "bad", "failed", timeout=60)
         assert "the stand-in refuses this request" in str(task["error"])
         [failed] = event_log(c, types={"agent.failed"})
@@ -276,7 +232,7 @@ def test_a_rate_limit_parks_the_task_until_its_reset_and_resumes_the_session(
         assert reset + 1 <= started < reset + 1 + 15
         argv = spec_argv(second)
         assert argv[argv.index("--resume") + 1] == first["sessionId"]
-        prompt = " ".join(user_texts_of(api.turns()[-1]))
+        prompt = " ".join(api.user_texts(api.turns()[-1]))
         assert "interrupted by a rate limit" in prompt
         # One event per park, and the task finished.
         assert len(event_log(c, types={"agent.rate_limited"})) == 1
@@ -302,7 +258,7 @@ def test_a_question_pending_across_a_daemon_kill_is_answered_after_the_restart(
             assert git_show(repo, "grid/crash:kept.txt") == "kept\n"
             agent = agent_of(c2, "crash")
             assert agent["costUsd"] > 0
-            assert c2.get("/tasks/crash")["costUsd"] == pytest.approx(agent["costUsd"])
+            assert_cost_counted_once(c2, "crash", agent["costUsd"])
 
 
 def test_a_silent_claude_is_nudged_with_continue_before_any_stall_kill(
@@ -322,7 +278,7 @@ def test_a_silent_claude_is_nudged_with_continue_before_any_stall_kill(
         assert nudged.id is not None and stalled.id is not None and nudged.id > stalled.id
         gate.set()
         wait_task_status(c, "nudge", "review", timeout=60)
-        texts = [t for r in api.turns() for t in user_texts_of(r)]
+        texts = [t for r in api.turns() for t in api.user_texts(r)]
         assert "continue" in texts or any("continue" in t for t in texts[1:])
         assert agent_of(c, "nudge")["stopReason"] is None
 
@@ -349,7 +305,7 @@ def test_a_continue_heartbeat_mid_turn_leads_claude_to_a_further_model_turn(
         # The model was asked again with the nudge (a turn of its own, or the next one if
         # the CLI took the message up before it sent that), after the heartbeat was written.
         turns = api.turns()
-        assert "continue" not in user_texts_of(turns[0])
-        assert "continue" in user_texts_of(turns[-1])
+        assert "continue" not in api.user_texts(turns[0])
+        assert "continue" in api.user_texts(turns[-1])
         agent = agent_of(c, "beat")
         assert agent["exitCode"] == 0 and agent["stopReason"] is None

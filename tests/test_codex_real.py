@@ -6,15 +6,13 @@ the task to its reset and resumes the same codex session.
 
 Codex reads its provider from ``$CODEX_HOME/config.toml`` (it ignores ``OPENAI_BASE_URL``),
 and its sandbox fails when ``CODEX_HOME`` is under the temporary directory: each test's home
-is under ``.cache/``.
+is under ``.cache/`` (``tests/real_cli.py``'s ``codex_home``).
 """
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -22,8 +20,6 @@ from pathlib import Path
 import pytest
 
 from gridd.adapters.prices import PRICES
-from gridd.client import GridClient
-from gridd.settings import CODEX_EXEC_ARGS
 from tests.helpers import (
     core_daemon,
     event_log,
@@ -34,14 +30,21 @@ from tests.helpers import (
     write_core_config,
 )
 from tests.openai_standin import MODEL, StandIn, Turn, call, error, standin, usage_limit
-from tests.real_cli import ROOT, agent_of, epoch, needs, program, shown_on_failure, spec_argv
+from tests.real_cli import (
+    AFTER_RESTART,
+    agent_of,
+    assert_cost_counted_once,
+    codex_profile,
+    epoch,
+    killed_mid_run,
+    marks,
+    shown_on_failure,
+    spec_argv,
+    start,
+)
+from tests.real_cli import codex_home as make_codex_home
 
-CODEX = program("codex")
-
-pytestmark = [
-    needs("codex"),
-    pytest.mark.timeout(180),
-]
+pytestmark = marks("codex")
 
 
 @pytest.fixture
@@ -52,39 +55,14 @@ def api(repo: Path) -> Iterator[StandIn]:
 
 @pytest.fixture
 def codex_home(api: StandIn) -> Iterator[Path]:
-    home = ROOT / ".cache" / "codex-homes" / uuid.uuid4().hex[:12]
-    home.mkdir(parents=True)
-    (home / "config.toml").write_text(
-        f'model = "{MODEL}"\n'
-        'model_provider = "standin"\n'
-        "[model_providers.standin]\n"
-        'name = "standin"\n'
-        f'base_url = "{api.url}/v1"\n'
-        'env_key = "STANDIN_API_KEY"\n'
-        'wire_api = "responses"\n'
-        "request_max_retries = 0\n"
-        "stream_max_retries = 0\n"
-    )
-    yield home
-    shutil.rmtree(home, ignore_errors=True)
+    with make_codex_home(api.url, MODEL) as home:
+        yield home
 
 
-def setup(repo: Path, home: Path, **scheduler: object) -> None:
-    profile = {
-        "adapter": "codex",
-        "stdin": "null",
-        "command": [str(CODEX), *CODEX_EXEC_ARGS, "-m", MODEL, "{prompt}"],
-        "env": {"CODEX_HOME": str(home), "STANDIN_API_KEY": "sk-standin-dummy"},
-        "launch_grace_seconds": 60,
-    }
+def setup(repo: Path, home: Path) -> None:
     write_core_config(
-        repo, agents={"codex": profile}, scheduler={"default_agent": "codex", **scheduler}
+        repo, agents={"codex": codex_profile(home, MODEL)}, scheduler={"default_agent": "codex"}
     )
-
-
-def start(c: GridClient, task_id: str, prompt: str = "do the task", **task: object) -> None:
-    c.post("/tasks", {"id": task_id, "title": task_id, "prompt": prompt, **task})
-    c.post("/session/start", {"featureBranch": "feature/codex"})
 
 
 def outputs(api: StandIn) -> list[str]:
@@ -112,10 +90,7 @@ def test_a_file_written_by_codex_reaches_review_with_its_cost_counted_once(
         assert (agent["inputTokens"], agent["outputTokens"]) == (2400, 160)
         price = PRICES["gpt-5-codex"]
         expected = (2400 * price.input + 160 * price.output) / 1_000_000
-        assert agent["costUsd"] == pytest.approx(expected)
-        assert c.get("/tasks/write")["costUsd"] == pytest.approx(expected)
-        [completed] = event_log(c, types={"agent.completed"})
-        assert completed.data["costUsd"] == pytest.approx(expected)
+        assert_cost_counted_once(c, "write", expected)
 
 
 def test_a_command_codex_runs_is_shown_as_its_tool_and_its_output_reaches_the_model(
@@ -196,27 +171,11 @@ def test_a_daemon_killed_mid_run_reattaches_codex_and_loses_none_of_its_output(
     gate = threading.Event()
     api.push(
         call("exec_command", {"cmd": "printf 'kept\\n' > kept.txt"}),
-        Turn(text="Wrote kept.txt after the restart.", gate=gate),
+        Turn(text=AFTER_RESTART, gate=gate),
     )
-    with core_daemon(repo) as first:
-        c = first.client()
-        start(c, "crash")
-        api.wait_requests(2, timeout=60)  # the command ran; codex waits for the model
-        before = agent_of(c, "crash")
-        first.kill9()
-        gate.set()  # codex goes on while no daemon runs
-        with core_daemon(repo) as second:
-            c2 = second.client()
-            wait_task_status(c2, "crash", "review", timeout=60)
-            assert git_show(repo, "grid/crash:kept.txt") == "kept\n"
-            agent = agent_of(c2, "crash")
-            assert agent["id"] == before["id"] and agent["exitCode"] == 0
-            assert agent["result"] == "Wrote kept.txt after the restart."
-            assert agent["sessionId"] == before["sessionId"]
-            # Every line codex printed was read once: tokens and cost of both calls.
-            assert (agent["inputTokens"], agent["outputTokens"]) == (2400, 160)
-            price = PRICES["gpt-5-codex"]
-            expected = (2400 * price.input + 160 * price.output) / 1_000_000
-            assert agent["costUsd"] == pytest.approx(expected)
-            assert c2.get("/tasks/crash")["costUsd"] == pytest.approx(expected)
-            assert len(event_log(c2, types={"agent.spawned"})) == 1
+    with killed_mid_run(repo, api, gate=gate, timeout=60) as (c2, agent):
+        # Every line codex printed was read once: tokens and cost of both calls.
+        assert (agent["inputTokens"], agent["outputTokens"]) == (2400, 160)
+        price = PRICES["gpt-5-codex"]
+        expected = (2400 * price.input + 160 * price.output) / 1_000_000
+        assert_cost_counted_once(c2, "crash", expected)

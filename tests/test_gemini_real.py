@@ -19,8 +19,6 @@ from pathlib import Path
 import pytest
 
 from gridd.adapters.prices import PRICES
-from gridd.client import GridClient
-from gridd.settings import GEMINI_STREAM_ARGS
 from tests.gemini_standin import MODEL, StandIn, Turn, call, error, quota, standin
 from tests.helpers import (
     core_daemon,
@@ -31,14 +29,20 @@ from tests.helpers import (
     wait_task_status,
     write_core_config,
 )
-from tests.real_cli import agent_of, epoch, needs, program, shown_on_failure, spec_argv
+from tests.real_cli import (
+    AFTER_RESTART,
+    agent_of,
+    assert_cost_counted_once,
+    epoch,
+    gemini_profile,
+    killed_mid_run,
+    marks,
+    shown_on_failure,
+    spec_argv,
+    start,
+)
 
-GEMINI = program("gemini")
-
-pytestmark = [
-    needs("gemini"),
-    pytest.mark.timeout(180),
-]
+pytestmark = marks("gemini")
 
 
 @pytest.fixture
@@ -48,27 +52,8 @@ def api(repo: Path) -> Iterator[StandIn]:
 
 
 def setup(repo: Path, tmp_path: Path, api: StandIn) -> None:
-    home = tmp_path / "home"
-    (home / ".gemini").mkdir(parents=True)
-    settings = {"security": {"auth": {"selectedType": "gemini-api-key"}}}
-    (home / ".gemini" / "settings.json").write_text(json.dumps(settings))
-    profile = {
-        "adapter": "gemini",
-        "stdin": "null",
-        "command": ["node", str(GEMINI), *GEMINI_STREAM_ARGS, "-m", MODEL, "-p", "{prompt}"],
-        "env": {
-            "HOME": str(home),
-            "GOOGLE_GEMINI_BASE_URL": api.url,
-            "GEMINI_API_KEY": "standin-dummy",
-        },
-        "launch_grace_seconds": 60,
-    }
+    profile = gemini_profile(api.url, tmp_path / "home", MODEL)
     write_core_config(repo, agents={"gemini": profile}, scheduler={"default_agent": "gemini"})
-
-
-def start(c: GridClient, task_id: str, **task: object) -> None:
-    c.post("/tasks", {"id": task_id, "title": task_id, "prompt": "do the task", **task})
-    c.post("/session/start", {"featureBranch": "feature/gemini"})
 
 
 def test_a_file_written_by_gemini_reaches_review_with_its_cost_counted_once(
@@ -91,10 +76,7 @@ def test_a_file_written_by_gemini_reaches_review_with_its_cost_counted_once(
         assert (agent["inputTokens"], agent["outputTokens"]) == (2000, 100)
         price = PRICES["gemini-2.5-pro"]
         expected = (2000 * price.input + 100 * price.output) / 1_000_000
-        assert agent["costUsd"] == pytest.approx(expected)
-        assert c.get("/tasks/write")["costUsd"] == pytest.approx(expected)
-        [completed] = event_log(c, types={"agent.completed"})
-        assert completed.data["costUsd"] == pytest.approx(expected)
+        assert_cost_counted_once(c, "write", expected)
 
 
 def test_a_command_gemini_runs_is_shown_as_its_tool_and_its_output_reaches_the_model(
@@ -178,26 +160,10 @@ def test_a_daemon_killed_mid_run_reattaches_gemini_and_loses_none_of_its_output(
     gate = threading.Event()
     api.push(
         call("write_file", {"file_path": str(worktree / "kept.txt"), "content": "kept\n"}),
-        Turn(text="Wrote kept.txt after the restart.", gate=gate),
+        Turn(text=AFTER_RESTART, gate=gate),
     )
-    with core_daemon(repo) as first:
-        c = first.client()
-        start(c, "crash")
-        api.wait_turns(2, timeout=90)  # the write is done; gemini waits for the model
-        before = agent_of(c, "crash")
-        first.kill9()
-        gate.set()  # gemini goes on while no daemon runs
-        with core_daemon(repo) as second:
-            c2 = second.client()
-            wait_task_status(c2, "crash", "review", timeout=90)
-            assert git_show(repo, "grid/crash:kept.txt") == "kept\n"
-            agent = agent_of(c2, "crash")
-            assert agent["id"] == before["id"] and agent["exitCode"] == 0
-            assert agent["result"] == "Wrote kept.txt after the restart."
-            assert agent["sessionId"] == before["sessionId"]
-            assert (agent["inputTokens"], agent["outputTokens"]) == (2000, 100)
-            price = PRICES["gemini-2.5-pro"]
-            expected = (2000 * price.input + 100 * price.output) / 1_000_000
-            assert agent["costUsd"] == pytest.approx(expected)
-            assert c2.get("/tasks/crash")["costUsd"] == pytest.approx(expected)
-            assert len(event_log(c2, types={"agent.spawned"})) == 1
+    with killed_mid_run(repo, api, gate=gate, timeout=90) as (c2, agent):
+        assert (agent["inputTokens"], agent["outputTokens"]) == (2000, 100)
+        price = PRICES["gemini-2.5-pro"]
+        expected = (2000 * price.input + 100 * price.output) / 1_000_000
+        assert_cost_counted_once(c2, "crash", expected)

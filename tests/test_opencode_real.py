@@ -10,15 +10,12 @@ these tests check that the write lands in the task's worktree, not in the reposi
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gridd.client import GridClient
-from gridd.settings import OPENCODE_RUN_ARGS
 from tests.anthropic_standin import StandIn, Turn, error, limit, standin, tool
 from tests.helpers import (
     core_daemon,
@@ -28,14 +25,20 @@ from tests.helpers import (
     wait_task_status,
     write_core_config,
 )
-from tests.real_cli import agent_of, epoch, needs, program, shown_on_failure, spec_argv
+from tests.real_cli import (
+    AFTER_RESTART,
+    agent_of,
+    assert_cost_counted_once,
+    epoch,
+    killed_mid_run,
+    marks,
+    opencode_profile,
+    shown_on_failure,
+    spec_argv,
+    start,
+)
 
-OPENCODE = program("opencode")
-
-pytestmark = [
-    needs("opencode"),
-    pytest.mark.timeout(180),
-]
+pytestmark = marks("opencode")
 
 
 @pytest.fixture
@@ -45,40 +48,8 @@ def api(repo: Path) -> Iterator[StandIn]:
 
 
 def setup(repo: Path, tmp_path: Path, api: StandIn) -> None:
-    home = tmp_path / "home"
-    home.mkdir()
-    config = {
-        "model": "anthropic/claude-sonnet-4-5",
-        "provider": {
-            "anthropic": {"options": {"baseURL": f"{api.url}/v1", "apiKey": "sk-ant-standin"}}
-        },
-        "permission": {"edit": "allow", "bash": "allow"},
-        "autoupdate": False,
-        "share": "disabled",
-    }
-    profile = {
-        "adapter": "opencode",
-        "stdin": "null",
-        "command": [str(OPENCODE), *OPENCODE_RUN_ARGS, "{prompt}"],
-        "env": {
-            "HOME": str(home),
-            "XDG_CONFIG_HOME": str(home / ".config"),
-            "XDG_DATA_HOME": str(home / ".local/share"),
-            "XDG_CACHE_HOME": str(home / ".cache"),
-            "XDG_STATE_HOME": str(home / ".local/state"),
-            "OPENCODE_CONFIG_CONTENT": json.dumps(config),
-            "OPENCODE_DISABLE_MODELS_FETCH": "1",
-            "OPENCODE_DISABLE_AUTOUPDATE": "1",
-            "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
-        },
-        "launch_grace_seconds": 90,
-    }
+    profile = opencode_profile(api.url, tmp_path / "home")
     write_core_config(repo, agents={"opencode": profile}, scheduler={"default_agent": "opencode"})
-
-
-def start(c: GridClient, task_id: str, **task: object) -> None:
-    c.post("/tasks", {"id": task_id, "title": task_id, "prompt": "do the task", **task})
-    c.post("/session/start", {"featureBranch": "feature/opencode"})
 
 
 def test_a_file_written_by_opencode_lands_in_its_worktree_and_reaches_review_with_its_cost(
@@ -103,10 +74,7 @@ def test_a_file_written_by_opencode_lands_in_its_worktree_and_reaches_review_wit
         # claude-sonnet-4-5: $3 and $15 per million).
         assert (agent["inputTokens"], agent["outputTokens"]) == (50, 24)
         expected = 2 * (25 * 3 + 12 * 15) / 1_000_000
-        assert agent["costUsd"] == pytest.approx(expected)
-        assert c.get("/tasks/write")["costUsd"] == pytest.approx(expected)
-        [completed] = event_log(c, types={"agent.completed"})
-        assert completed.data["costUsd"] == pytest.approx(expected)
+        assert_cost_counted_once(c, "write", expected)
 
 
 def test_a_command_opencode_runs_gives_its_output_to_the_model(
@@ -155,28 +123,13 @@ def test_a_daemon_killed_mid_run_reattaches_opencode_and_loses_none_of_its_outpu
     gate = threading.Event()
     api.push(
         tool("write", {"filePath": str(worktree / "kept.txt"), "content": "kept\n"}),
-        Turn(text="Wrote kept.txt after the restart.", gate=gate),
+        Turn(text=AFTER_RESTART, gate=gate),
     )
-    with core_daemon(repo) as first:
-        c = first.client()
-        start(c, "crash")
-        api.wait_turns(2, timeout=120)  # the write is done; opencode waits for the model
-        before = agent_of(c, "crash")
-        first.kill9()
-        gate.set()  # opencode goes on while no daemon runs
-        with core_daemon(repo) as second:
-            c2 = second.client()
-            wait_task_status(c2, "crash", "review", timeout=90)
-            assert git_show(repo, "grid/crash:kept.txt") == "kept\n"
-            agent = agent_of(c2, "crash")
-            assert agent["id"] == before["id"] and agent["exitCode"] == 0
-            assert agent["result"] == "Wrote kept.txt after the restart."
-            # Both steps counted once: tokens and opencode's own cost.
-            assert (agent["inputTokens"], agent["outputTokens"]) == (50, 24)
-            expected = 2 * (25 * 3 + 12 * 15) / 1_000_000
-            assert agent["costUsd"] == pytest.approx(expected)
-            assert c2.get("/tasks/crash")["costUsd"] == pytest.approx(expected)
-            assert len(event_log(c2, types={"agent.spawned"})) == 1
+    with killed_mid_run(repo, api, gate=gate, timeout=120) as (c2, agent):
+        # Both steps counted once: tokens and opencode's own cost.
+        assert (agent["inputTokens"], agent["outputTokens"]) == (50, 24)
+        expected = 2 * (25 * 3 + 12 * 15) / 1_000_000
+        assert_cost_counted_once(c2, "crash", expected)
 
 
 def test_a_rate_limit_opencode_gives_up_on_parks_the_task_to_its_reset_and_resumes_the_session(

@@ -22,8 +22,7 @@ from tests.helpers import (
     wait_task_status,
     write_core_config,
 )
-from tests.real_cli import agent_of, needs, shown_on_failure
-from tests.test_claude_real import claude_profile
+from tests.real_cli import agent_of, claude_profile, needs, shown_on_failure, start
 
 pytestmark = [
     needs("claude"),
@@ -44,7 +43,7 @@ def test_the_real_claude_cli_finishes_a_task_inside_the_workspace_sandbox(
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "id_test").write_text("-----BEGIN TEST KEY-----\n")
-    profile = claude_profile(api, home, allowed_tools=["Bash", "Write"])
+    profile = claude_profile(api.url, home, allowed_tools=["Bash", "Write"])
     # Its network: the stand-in of the API, through the run's proxy, and nothing else.
     standin_host = api.url.removeprefix("http://")
     profile["sandbox"] = {
@@ -65,8 +64,7 @@ def test_the_real_claude_cli_finishes_a_task_inside_the_workspace_sandbox(
     )
     with core_daemon(repo) as daemon:
         c = daemon.client()
-        c.post("/tasks", {"id": "box", "title": "box", "prompt": "do the task"})
-        c.post("/session/start", {"featureBranch": "feature/claude"})
+        start(c, "box")
         task = wait_task_status(c, "box", "review", timeout=120)
         agent = agent_of(c, "box")
         denied = [e.data["target"] for e in event_log(c, types={"agent.sandbox_denied"})]

@@ -33,8 +33,7 @@ from tests.helpers import (
     wait_task_status,
     write_core_config,
 )
-from tests.real_cli import agent_of
-from tests.test_claude_real import CLAUDE, claude_profile
+from tests.real_cli import agent_of, claude_profile, needs, start
 from tests.test_merge_queue import runs, start_conflict
 
 pytestmark = pytest.mark.skipif(landlock.abi_version() < 1, reason="this kernel offers no Landlock")
@@ -251,9 +250,7 @@ async def test_the_next_runs_repository_is_made_ahead_and_works_like_one_made_in
     assert _subjects(repo, "main..grid/t") == ["agent: mine"]
 
 
-@pytest.mark.skipif(
-    not CLAUDE.exists(), reason="run tests/tools/install-claude.sh (make test does)"
-)
+@needs("claude")
 @pytest.mark.timeout(180)
 def test_the_real_claude_cli_commits_with_bash_inside_the_sandbox(
     repo: Path, tmp_path: Path
@@ -264,7 +261,7 @@ def test_the_real_claude_cli_commits_with_bash_inside_the_sandbox(
     home = tmp_path / "home"
     home.mkdir()
     with standin() as api:
-        profile = claude_profile(api, home, allowed_tools=["Bash", "Write"])
+        profile = claude_profile(api.url, home, allowed_tools=["Bash", "Write"])
         profile["sandbox"] = {
             "mode": "workspace",
             "network": "allowlist",
@@ -279,8 +276,7 @@ def test_the_real_claude_cli_commits_with_bash_inside_the_sandbox(
         )
         with core_daemon(repo) as daemon:
             c = daemon.client()
-            c.post("/tasks", {"id": "box", "title": "box", "prompt": "do the task"})
-            c.post("/session/start", {"featureBranch": "feature/claude"})
+            start(c, "box")
             task = wait_task_status(c, "box", "review", timeout=120)
             agent = agent_of(c, "box")
         _, bash = api.tool_results()

@@ -53,8 +53,8 @@ rm -f "$prefix"/.installed-*
 printf '{"name": "gridd-test-%s", "private": true, "dependencies": {%s}}\n' "$name" "$deps" \
     > "$prefix/package.json"
 echo "install-cli: installing $package@$want into $prefix" >&2
-(cd "$prefix" && npm install --no-audit --no-fund --ignore-scripts --omit=optional --no-save \
-    --loglevel=error)
+(cd "$prefix" && npm install --no-audit --no-fund --no-update-notifier --ignore-scripts \
+    --omit=optional --no-save --loglevel=error)
 case "$program" in
     *.js) said=$(HOME="$prefix" node "$prefix/$program" --version) ;;
     *) said=$(HOME="$prefix" DISABLE_AUTOUPDATER=1 "$prefix/$program" --version) ;;

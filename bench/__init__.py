@@ -45,6 +45,7 @@ BENCHMARKS: list[str] = [
     "flood",
     "bulk",
     "claude_finish",
+    "agent_clis",
 ]
 
 __all__ = ["BENCHMARKS"]

@@ -36,6 +36,9 @@ from tests.real_cli import (
 )
 
 pytestmark = marks("claude")
+#: How Claude Code 2.1.3xx shows the model a message sent while it works, with the next
+#: tool result rather than as a turn of its own.
+MID_TURN = "The user sent a new message while you were working:\n"
 
 
 @pytest.fixture
@@ -302,10 +305,12 @@ def test_a_continue_heartbeat_mid_turn_leads_claude_to_a_further_model_turn(
         assert nudged.data["text"] == "continue"
         gate.set()  # the turn the heartbeat came in ends
         wait_task_status(c, "beat", "review", timeout=60)
-        # The model was asked again with the nudge (a turn of its own, or the next one if
-        # the CLI took the message up before it sent that), after the heartbeat was written.
+        # The model was shown the nudge after the heartbeat was written: as a turn of its
+        # own, or (2.1.3xx, when it comes before the CLI's next request) inside the running
+        # turn, with the next tool result.
         turns = api.turns()
         assert "continue" not in api.user_texts(turns[0])
-        assert "continue" in api.user_texts(turns[-1])
+        later = [text for turn in turns[1:] for text in api.user_texts(turn)]
+        assert "continue" in later or any(MID_TURN + "continue\n" in text for text in later)
         agent = agent_of(c, "beat")
         assert agent["exitCode"] == 0 and agent["stopReason"] is None

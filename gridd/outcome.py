@@ -95,8 +95,8 @@ def describe_exit(facts: RunFacts) -> str:
         return facts.stop_reason
     if facts.error:
         return facts.error
-    if facts.signal:
-        return f"killed by signal {signal.Signals(facts.signal).name}"
+    # After its final result the exit says nothing: a CLI slow to exit then is signalled by
+    # gridd itself (stopping.end_conversation), and its error result is still why it failed.
     if facts.result_ok is False and (facts.code == 0 or facts.session_ended):
         detail = " ".join(facts.result_text.split())[:500]
         return (
@@ -104,6 +104,8 @@ def describe_exit(facts: RunFacts) -> str:
             if detail
             else "the agent reported an error result"
         )
+    if facts.signal:
+        return f"killed by signal {signal.Signals(facts.signal).name}"
     return f"exited with code {facts.code}"
 
 

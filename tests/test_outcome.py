@@ -7,7 +7,7 @@ complete is stopped as before."""
 
 from __future__ import annotations
 
-from gridd.outcome import Completed, Continue, Retry, RunFacts, Stopped, decide
+from gridd.outcome import Completed, Continue, Fail, Retry, RunFacts, Stopped, decide
 
 
 def test_a_run_that_completed_before_a_stop_reached_it_keeps_its_result() -> None:
@@ -42,3 +42,21 @@ def test_a_run_nothing_stopped_is_decided_as_before() -> None:
     assert decide(RunFacts(exit_code=0, ended_first=True)) == Completed()
     assert decide(RunFacts(exit_code=75, summary="more", ended_first=True)) == Continue("more")
     assert decide(RunFacts(exit_code=2, ended_first=True)) == Retry("exited with code 2")
+
+
+def test_an_error_result_is_the_failure_even_when_the_cli_lingered_and_was_signalled() -> None:
+    """The CLI said its turn failed, gridd ended the conversation, and the CLI was slow to
+    exit (opencode under load): the TERM that ended it is gridd's own, the result is why."""
+    facts = RunFacts(
+        exit_code=None,
+        signal=15,
+        session_ended=True,
+        result_ok=False,
+        result_text="APIError: the stand-in refuses this request",
+        max_attempts=1,
+    )
+    outcome = decide(facts)
+    assert isinstance(outcome, Fail)
+    assert (
+        outcome.error == "the agent reported an error: APIError: the stand-in refuses this request"
+    )

@@ -28,7 +28,7 @@ from gridd.runs.remote import RemoteExecutor
 from gridd.settings import KubernetesSettings
 from tests.helpers import agent_command, git_show, inprocess_daemon, kill_workspace_agents
 from tests.kube_standin import FakeCluster
-from tests.test_remote_runs import start_tasks, until
+from tests.test_remote_runs import first_line, start_tasks, until
 
 pytestmark = [pytest.mark.xdist_group("kubernetes")]
 
@@ -248,11 +248,8 @@ async def test_a_kubernetes_run_takes_answers_and_its_branch_comes_back(
         ) as daemon:
             grid: Grid = daemon.grid
             start_tasks(grid, {"id": "raw", "title": "read a line"})
-            await until(
-                lambda: any(
-                    a.last_output == "ready for a line" for a in grid.state.agents.values()
-                ),
-                what="the pod's agent's first line, mirrored",
+            await first_line(
+                grid, "ready for a line", what="the pod's agent's first line, mirrored"
             )
             [agent] = grid.state.agents.values()
             assert agent.executor is not None and agent.executor["kind"] == "kubernetes"
@@ -407,12 +404,7 @@ async def test_a_quota_denial_is_not_started_yet_and_the_task_starts_once_it_is_
         async with inprocess_daemon(repo, cfg, executor=executor(repo, cluster)) as daemon:
             grid: Grid = daemon.grid
             start_tasks(grid, {"id": "later", "title": "waits for the quota"})
-            await until(
-                lambda: any(
-                    a.last_output == "ready for a line" for a in grid.state.agents.values()
-                ),
-                what="the run started once the quota let it",
-            )
+            await first_line(grid, "ready for a line", what="the run started once the quota let it")
             await until(lambda: events(grid, "task.start_failed"), what="the refusal recorded")
             [refused] = events(grid, "task.start_failed")
             assert refused["counted"] is False

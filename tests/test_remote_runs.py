@@ -34,6 +34,11 @@ async def until(predicate: Callable[[], object], *, timeout: float = 30.0, what:
         await asyncio.sleep(0.05)
 
 
+async def first_line(grid: Grid, line: str, *, what: str) -> None:
+    """Until an agent's last output line is ``line`` (its run mirrored this far)."""
+    await until(lambda: any(a.last_output == line for a in grid.state.agents.values()), what=what)
+
+
 def start_tasks(grid: Grid, *tasks: dict[str, str]) -> None:
     grid.commands.create_tasks(
         PlanSpec.model_validate(normalise_plan({"tasks": list(tasks)})).tasks
@@ -67,11 +72,8 @@ async def test_a_boxed_run_takes_answers_through_its_inbox_and_its_branch_comes_
         ) as daemon:
             grid: Grid = daemon.grid
             start_tasks(grid, {"id": "raw", "title": "read a line"})
-            await until(
-                lambda: any(
-                    a.last_output == "ready for a line" for a in grid.state.agents.values()
-                ),
-                what="the boxed agent's first line, mirrored",
+            await first_line(
+                grid, "ready for a line", what="the boxed agent's first line, mirrored"
             )
             [agent] = grid.state.agents.values()
             run_dir = Path(agent.run_dir)
@@ -170,12 +172,7 @@ async def test_an_answer_to_a_boxed_run_is_put_in_off_the_event_loop(
         ) as daemon:
             grid: Grid = daemon.grid
             start_tasks(grid, {"id": "raw", "title": "read a line"})
-            await until(
-                lambda: any(
-                    a.last_output == "ready for a line" for a in grid.state.agents.values()
-                ),
-                what="the boxed agent's first line",
-            )
+            await first_line(grid, "ready for a line", what="the boxed agent's first line")
             [agent] = grid.state.agents.values()
             grid.commands.respond(agent.id, "queued, then put")  # returns before any exec
             await until(lambda: grid.state.tasks["raw"].status == TaskStatus.REVIEW, what="review")

@@ -733,9 +733,33 @@ class Settings(_Section):
     supervisor: SupervisorSettings = Field(default_factory=SupervisorSettings.model_construct)
     executors: ExecutorSettings = Field(default_factory=ExecutorSettings.model_construct)
 
+    @field_validator("agents", mode="before")
+    @classmethod
+    def _on_builtins(cls, agents: Any) -> Any:
+        return on_builtins(agents)
+
     def profiles(self) -> dict[str, AgentProfile]:
         """Built-in profiles overlaid with the configured ones."""
         return {**builtin_profiles(), **self.agents}
+
+
+def on_builtins(agents: Any) -> Any:
+    """``[agents.<name>]`` tables as written, each one that names a built-in profile and no
+    ``command`` of its own completed from that profile: ``[agents.claude.sandbox]`` alone
+    turns on the sandbox of the built-in ``claude`` (what ``gridctl init`` writes); a key it
+    sets replaces the built-in's whole. One that names its command is a profile of its own,
+    as before (without a command it was refused)."""
+    if not isinstance(agents, dict):
+        return agents
+    builtins = builtin_profiles()
+    return {
+        name: (
+            builtins[name].model_dump(exclude_defaults=True) | profile
+            if name in builtins and isinstance(profile, dict) and "command" not in profile
+            else profile
+        )
+        for name, profile in agents.items()
+    }
 
 
 def _format_loc(loc: tuple[Any, ...]) -> str:
@@ -769,7 +793,8 @@ def _validate_section(key: str, value: Any) -> Any:
     section = Settings.model_fields[key].annotation
     if isinstance(section, type) and issubclass(section, BaseModel):
         return section.model_validate(value)
-    return TypeAdapter(dict[str, AgentProfile]).validate_python(value)  # the one table: agents
+    # the one table: agents
+    return TypeAdapter(dict[str, AgentProfile]).validate_python(on_builtins(value))
 
 
 def parse_settings(data: dict[str, Any], *, source: str = "config") -> Settings:

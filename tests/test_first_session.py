@@ -15,7 +15,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from gridd.cli.init_cmd import CONFIG
+import pytest
+
+from gridd.cli.init_cmd import config_text
+from gridd.runs import landlock
 from gridd.settings import load_settings
 from tests import helpers
 from tests.helpers import wait_for
@@ -87,19 +90,57 @@ def test_init_never_overwrites_and_says_so(ws: Path) -> None:
     assert not helpers.daemons_serving(ws)
 
 
-def test_the_configs_commented_claude_lines_are_valid_when_uncommented(tmp_path: Path) -> None:
+@pytest.mark.parametrize("abi", [0, 3, 7])
+def test_the_configs_commented_claude_lines_are_valid_when_uncommented(
+    tmp_path: Path, abi: int
+) -> None:
     """What the comments tell a user to uncomment is configuration gridd accepts."""
-    assert load_settings_text(tmp_path, CONFIG).scheduler.default_agent == "example"
+    assert load_settings_text(tmp_path, config_text(abi)).scheduler.default_agent == "example"
     setting = re.compile(r"^# (\[[a-z.]+\]|[a-z_]+ = .*)$")
     uncommented = "\n".join(
-        match.group(1) if (match := setting.match(line)) else line for line in CONFIG.splitlines()
+        match.group(1) if (match := setting.match(line)) else line
+        for line in config_text(abi).splitlines()
     )
     settings = load_settings_text(tmp_path, uncommented)
     assert settings.scheduler.default_agent == "claude"
     claude = settings.profiles()["claude"]
     assert claude.adapter == "claude"
     assert claude.adapter_options["permission_mode"] == "acceptEdits"
-    assert claude.sandbox.mode == "workspace"
+    assert (claude.sandbox.mode, claude.sandbox.network) == ("workspace", "allowlist")
+
+
+@pytest.mark.parametrize("abi", range(8))
+def test_init_turns_the_claude_sandbox_on_as_far_as_the_kernel_can_enforce_it(
+    tmp_path: Path, abi: int
+) -> None:
+    """On any kernel, the claude profile init writes starts (a sandbox the kernel cannot
+    enforce would fail every run with sandbox_unavailable), and is as confined as the
+    kernel allows: workspace and the API allowlist from ABI 4, workspace from ABI 1."""
+    settings = load_settings_text(tmp_path, config_text(abi))
+    claude = settings.profiles()["claude"]
+    box = claude.sandbox
+    assert landlock.unavailable(box.mode, abi, box.network) is None
+    assert claude.command[0] == "claude" and claude.adapter == "claude"  # still the built-in
+    expected = "off" if abi == 0 else "workspace", "allowlist" if abi >= 4 else "allow"
+    assert (box.mode, box.network) == expected
+    if abi >= 4:
+        assert box.allow_hosts == ["api.anthropic.com", "platform.claude.com"]
+
+
+def test_init_on_this_kernel_sandboxes_claude_and_doctor_needs_no_claude(ws: Path) -> None:
+    """The written config turns the sandbox on (this kernel has Landlock ABI 4 or more),
+    and a newcomer without Claude Code installed sees nothing to fix in doctor."""
+    if landlock.abi_version() < landlock.NET_ABI:
+        pytest.skip("this kernel's Landlock has no TCP rules")
+    inited = gridctl(ws, "init")
+    assert inited.returncode == 0, inited.stderr
+    assert "Claude Code's profile is sandboxed" in inited.stdout
+    claude = load_settings(ws / ".grid" / "config.toml").profiles()["claude"]
+    assert (claude.sandbox.mode, claude.sandbox.network) == ("workspace", "allowlist")
+    doctor = helpers.gridctl(ws, "doctor", timeout=30, env={**ENV, "PATH": "/usr/bin:/bin"})
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "sandboxed: claude (workspace)" in doctor.stdout
+    assert "binary claude" not in doctor.stdout
 
 
 def load_settings_text(tmp_path: Path, text: str) -> Any:

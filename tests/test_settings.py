@@ -135,3 +135,20 @@ def test_agents_in_the_config_are_validated_profile_by_profile() -> None:
     with pytest.raises(ConfigError) as info:
         parse_settings({"agents": {"mine": {"command": []}}})
     assert info.value.details["problems"][0]["key"] == "agents.mine.command"
+
+
+def test_a_table_for_a_builtin_profile_without_a_command_changes_only_what_it_sets() -> None:
+    """``[agents.claude.sandbox]`` alone (what ``gridctl init`` writes) sandboxes the
+    built-in claude profile; a table that names its command is a profile of its own."""
+    settings = parse_settings({"agents": {"claude": {"sandbox": {"mode": "workspace"}}}})
+    claude = settings.profiles()["claude"]
+    assert claude.command[0] == "claude" and claude.adapter == "claude"
+    assert claude.adapter_options == {"permission_prompt_tool": "stdio"}
+    assert claude.sandbox.mode == "workspace"
+    assert Settings.model_validate({"agents": {"claude": {"timeout_seconds": 9}}}).agents[
+        "claude"
+    ].command[0] == ("claude")
+    own = parse_settings({"agents": {"claude": {"command": ["my-claude"]}}}).agents["claude"]
+    assert (own.command, own.adapter) == (["my-claude"], "heartbeat")
+    with pytest.raises(ConfigError, match=r"agents\.mine\.command"):
+        parse_settings({"agents": {"mine": {"sandbox": {"mode": "workspace"}}}})

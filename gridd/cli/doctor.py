@@ -34,7 +34,7 @@ from gridd.client import GridClient
 from gridd.errors import GriddError
 from gridd.lockholder import describe, flock_holder
 from gridd.runs import landlock
-from gridd.settings import Settings, load_settings
+from gridd.settings import Settings, builtin_profiles, load_settings
 from gridd.workspace import Workspace, find_workspace
 
 MARKS = {"ok": "  ok ", "warn": " warn", "fail": " FAIL"}
@@ -51,8 +51,13 @@ def configured_commands(settings: Settings, root: Path) -> dict[str, list[str]]:
     commands: dict[str, list[str]] = {}
     profiles = settings.profiles()
     default = settings.scheduler.default_agent
+    builtins = builtin_profiles()
     for name, profile in profiles.items():
-        if name in settings.agents or name == default:
+        # A configured table that only changes a built-in profile (its sandbox) names no
+        # program: 'claude' is checked once it is the default, as without the table.
+        builtin = builtins.get(name)
+        named = name in settings.agents and (builtin is None or builtin.command != profile.command)
+        if named or name == default:
             commands[f"agents.{name}.command"] = profile.command
     beads = settings.beads
     if beads.enabled or (beads.enabled is None and (root / ".beads").is_dir()):

@@ -299,7 +299,12 @@ def check_sandbox(modes: dict[str, str], abi: int, networks: dict[str, str] | No
         return Check("sandbox", "ok", detail + (f"; {fenced}" if fenced else ""))
     missing = "no Landlock (Linux 5.13 or newer, with landlock in the kernel's lsm= list)"
     if not modes:
-        return Check("sandbox", "ok", f"{missing}: a profile asking for a sandbox would not start")
+        return Check(
+            "sandbox",
+            "ok",
+            f"{missing}: every run here is unconfined (a profile asking for a sandbox would not"
+            " start; 'gridctl init' leaves the claude profile's commented out)",
+        )
     return Check(
         "sandbox",
         "fail",

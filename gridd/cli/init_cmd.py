@@ -1,8 +1,9 @@
 """``gridctl init``: a first configuration and a sample plan for a repository.
 
 It writes ``.grid/config.toml`` (commented: the default agent, how to switch it to Claude
-Code, a ``claude`` profile to edit) and ``plan.yaml`` at the repository's root (three
-tasks, one depending on the other two), then says what to run next. A file that exists is
+Code, a ``claude`` profile to edit; and the ``claude`` profile's sandbox, turned on as far
+as this machine's kernel can enforce it: ``sandbox_section``) and ``plan.yaml`` at the
+repository's root (three tasks, one depending on the other two), then says what to run next. A file that exists is
 never overwritten: it is named and left as it is. It needs no daemon and starts none.
 """
 
@@ -14,8 +15,9 @@ import subprocess
 import sys
 
 from gridd.cli.context import EXIT_ERROR, EXIT_OK, Command, Context
+from gridd.runs import landlock
 
-CONFIG = """\
+HEAD = """\
 # gridd's configuration for this repository. Every key and its default:
 # docs/configuration.md. gridd reads this file when it starts; after a change run
 # 'gridctl daemon restart' (it checks the file first and keeps the running daemon if
@@ -45,16 +47,55 @@ max_agents = 3
 # adapter_options = { permission_prompt_tool = "stdio", permission_mode = "acceptEdits", allowed_tools = ["Bash(git diff:*)"] }
 # cost_per_session = 2.0
 # timeout_seconds = 3600
-# Its sandbox, enforced by the kernel (Linux Landlock; 'gridctl doctor' says whether this
-# machine has it): Claude writes only its worktree, a private TMPDIR and its own state
-# (~/.claude/, ~/.claude.json), and cannot read ~/.ssh, ~/.aws, ~/.gnupg, ~/.config/gh
-# nor .grid/. It commits in a repository of its own (its branch comes back when it ends).
-# With network = "allowlist" it reaches only api.anthropic.com (allow_hosts), through a
-# proxy gridd runs.
-# [agents.claude.sandbox]
-# mode = "workspace"
-# network = "allowlist"
 """
+
+#: The claude profile's sandbox, as ``sandbox_section`` writes it for a kernel that
+#: enforces all of it.
+SANDBOX = """\
+[agents.claude.sandbox]
+mode = "workspace"
+network = "allowlist"
+allow_hosts = ["api.anthropic.com", "platform.claude.com"]
+"""
+
+
+def sandbox_section(abi: int) -> str:
+    """The claude profile's sandbox for a kernel of Landlock ``abi`` (0: none): on as far
+    as the kernel can enforce it, since a run whose sandbox it cannot enforce does not
+    start (``sandbox_unavailable``); what it cannot is left commented, saying why."""
+    offers = f"this one offers ABI {abi}" if abi else "this machine has none"
+    about = f"""\
+# Claude Code's sandbox, enforced by the kernel (Linux Landlock; {offers};
+# 'gridctl doctor' says what it enforces): Claude (and all it starts) writes only its
+# worktree, a private TMPDIR and its own state (~/.claude/, ~/.claude.json), cannot read
+# ~/.ssh, ~/.aws, ~/.gnupg, ~/.config/gh nor .grid/, and commits in a repository of its
+# own (its branch comes back when it ends). With network = "allowlist" it reaches only
+# allow_hosts (the API; where a subscriber's login is refreshed), through a proxy gridd
+# runs; a refused host is an agent.sandbox_denied event ('gridctl logs'). mode = "off"
+# turns it all off. Every key: docs/configuration.md, [agents.<name>.sandbox].
+"""
+    mode, network, hosts = SANDBOX.splitlines()[1:]
+    if abi >= landlock.NET_ABI:
+        return about + SANDBOX
+    if abi >= landlock.MIN_ABI:
+        return (
+            about + f"# Its network is left as it is: this kernel has no TCP rules (Landlock ABI"
+            f" {landlock.NET_ABI},\n# Linux 6.7). On a newer one, uncomment these two lines.\n"
+            + f"[agents.claude.sandbox]\n{mode}\n# {network}\n# {hosts}\n"
+        )
+    return (
+        about
+        + "# Off here: this machine has no Landlock (Linux 5.13 or newer, with landlock in the\n"
+        "# kernel's lsm= list), and a sandbox it cannot enforce would stop every Claude run\n"
+        "# from starting. On a machine that has it, uncomment these lines.\n"
+        + "".join(f"# {line}\n" for line in SANDBOX.splitlines())
+    )
+
+
+def config_text(abi: int) -> str:
+    """The ``.grid/config.toml`` that ``init`` writes on a kernel of Landlock ``abi``."""
+    return HEAD + "\n" + sandbox_section(abi)
+
 
 PLAN = """\
 # A plan: tasks with dependencies, loaded at once with 'gridctl plan apply plan.yaml'.
@@ -109,8 +150,9 @@ def run_init(ctx: Context) -> int:
     root = ws.root
     wrote: list[str] = []
     kept: list[str] = []
+    abi = landlock.abi_version()
     for path, text, mode in (
-        (ws.config_path, CONFIG, 0o600),
+        (ws.config_path, config_text(abi), 0o600),
         (root / "plan.yaml", PLAN, 0o644),
     ):
         shown = os.path.relpath(path, root)
@@ -133,7 +175,27 @@ def run_init(ctx: Context) -> int:
         "The agent is the bundled example one; for Claude Code set default_agent ="
         ' "claude" in .grid/config.toml.'
     )
+    if os.path.relpath(ws.config_path, root) in wrote:
+        print(_sandbox_note(abi))
     return EXIT_OK
+
+
+def _sandbox_note(abi: int) -> str:
+    if abi >= landlock.NET_ABI:
+        return (
+            "Claude Code's profile is sandboxed: it writes only its worktree and its own"
+            " state, and reaches only the API."
+        )
+    if abi >= landlock.MIN_ABI:
+        return (
+            "Claude Code's profile is sandboxed (it writes only its worktree and its own"
+            f" state); its network is not limited: this kernel's Landlock (ABI {abi}) has no"
+            " TCP rules."
+        )
+    return (
+        "This machine has no Landlock: Claude Code's sandbox is left commented out in"
+        " .grid/config.toml ('gridctl doctor' says why)."
+    )
 
 
 INIT = Command(

@@ -38,9 +38,9 @@ from gridd.settings import SandboxSettings
 #: what does not exist could not be written (a CLI's first run makes its state).
 ADAPTER_WRITABLE: dict[str, tuple[str, ...]] = {"claude": ("~/.claude/", "~/.claude.json")}
 #: Per adapter: the hosts its CLI needs with ``network = "allowlist"``, when the profile
-#: lists none.
+#: lists none. Claude Code's: its API, and where a subscriber's login token is refreshed.
 ADAPTER_HOSTS: dict[str, tuple[str, ...]] = {
-    "claude": ("api.anthropic.com",),
+    "claude": ("api.anthropic.com", "platform.claude.com"),
     "codex": ("api.openai.com", "chatgpt.com"),
     "gemini": ("generativelanguage.googleapis.com", "cloudcode-pa.googleapis.com"),
 }

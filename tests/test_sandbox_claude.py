@@ -4,6 +4,9 @@ network allowlist names (it reaches it through its run's proxy): Write and Bash
 work in its worktree, its own state (``~/.claude``, ``~/.claude.json``, made for it when
 missing: a first run) is writable, and a
 command that reaches outside gets the ordinary "Permission denied", which the model sees.
+A whole task (Write, Edit, a test run with Bash, a commit of its own) goes on across a rate
+limit: the run parks, and the resumed one (``--resume``, in the same sandbox) picks up the
+session the first one left in ``~/.claude``.
 """
 
 from __future__ import annotations
@@ -14,15 +17,24 @@ from pathlib import Path
 import pytest
 
 from gridd.runs import landlock
-from tests.anthropic_standin import StandIn, standin, tool
+from tests.anthropic_standin import StandIn, limit, standin, tool
 from tests.helpers import (
     core_daemon,
     event_log,
     git_show,
+    wait_for_events,
     wait_task_status,
     write_core_config,
 )
-from tests.real_cli import agent_of, claude_profile, needs, shown_on_failure, start
+from tests.real_cli import (
+    agent_of,
+    claude_profile,
+    epoch,
+    needs,
+    shown_on_failure,
+    spec_argv,
+    start,
+)
 
 pytestmark = [
     needs("claude"),
@@ -83,3 +95,78 @@ def test_the_real_claude_cli_finishes_a_task_inside_the_workspace_sandbox(
     assert denied == ["example.invalid:80"], denied
     # Its state, made for it on this first run, is its own to write.
     assert (home / ".claude").is_dir() and (home / ".claude.json").is_file()
+
+
+CALC = "def add(a, b):\n    return a - b\n"
+TEST = "from calc import add\n\nassert add(2, 3) == 5, add(2, 3)\nprint('calc test passed')\n"
+
+
+def test_a_whole_sandboxed_claude_task_resumes_its_session_after_a_rate_limit(
+    repo: Path, tmp_path: Path, api: StandIn
+) -> None:
+    """Write, Edit, a test run and a commit with Bash, then a subscription limit: the run
+    parks, and at the reset the task resumes (``--resume``) in the same sandbox. The resumed
+    CLI sends the model the whole earlier conversation, which it can only have read from
+    the session it wrote in ``~/.claude`` (a writable default of the sandbox: without it
+    the session is never saved, and the resume finds nothing)."""
+    home = tmp_path / "home"
+    profile = claude_profile(
+        api.url, home, oauth=True, allowed_tools=["Bash", "Write", "Edit", "Read"]
+    )
+    profile["sandbox"] = {
+        "mode": "workspace",
+        "network": "allowlist",
+        "allow_hosts": [api.url.removeprefix("http://")],
+    }
+    write_core_config(repo, agents={"claude": profile}, scheduler={"default_agent": "claude"})
+    worktree = repo / ".grid" / "worktrees" / "calc"
+    run_test = {"command": "python3 test_calc.py", "description": "run the test"}
+    commit = {"command": "git add -A && git commit -qm 'add: calc' && echo committed"}
+    api.push(
+        tool("Write", {"file_path": str(worktree / "calc.py"), "content": CALC}),
+        tool("Write", {"file_path": str(worktree / "test_calc.py"), "content": TEST}),
+        tool("Bash", run_test),
+        tool(
+            "Edit",
+            {
+                "file_path": str(worktree / "calc.py"),
+                "old_string": "a - b",
+                "new_string": "a + b",
+            },
+        ),
+        tool("Bash", run_test),
+        tool("Bash", {**commit, "description": "commit the work"}),
+        limit("five_hour", reset_in=4),
+        tool("Bash", {"command": "git log --format=%s", "description": "what is done"}),
+    )
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        start(c, "calc")
+        wait_task_status(c, "calc", "rate_limited", timeout=120)
+        [parked] = wait_for_events(c, {"agent.rate_limited"}, 1, timeout=10)
+        first = agent_of(c, "calc")
+        task = wait_task_status(c, "calc", "review", timeout=120)
+        second = agent_of(c, "calc")
+        denied = event_log(c, types={"agent.sandbox_denied"})
+    assert first["sandbox"]["mode"] == second["sandbox"]["mode"] == "workspace"
+    assert second["id"] != first["id"] and second["exitCode"] == 0, second
+    assert epoch(second["startedAt"]) >= float(parked.data["resetsAt"])
+    argv = spec_argv(second)
+    assert "--resume" in argv, f"no session in ~/.claude to resume: {argv}"
+    assert argv[argv.index("--resume") + 1] == first["sessionId"]
+    # The work: written, run (failing), edited, run again (passing), committed by the
+    # agent itself in its own repository, and fetched back onto the task's branch.
+    results = [str(r["content"]) for r in api.tool_results()]
+    assert "AssertionError" in results[2] and "-1" in results[2], results
+    assert "calc test passed" in results[4] and "committed" in results[5], results
+    assert git_show(repo, "grid/calc:calc.py") == CALC.replace("a - b", "a + b")
+    assert sorted(task["changedFiles"]) == ["calc.py", "test_calc.py"]
+    assert "add: calc" in results[6], results
+    # The resumed turn carried the first run's conversation, from its session in ~/.claude.
+    resumed = [
+        t for t in api.turns() if "interrupted by a rate limit" in " ".join(api.user_texts(t))
+    ]
+    assert resumed, [api.user_texts(t) for t in api.turns()]
+    history = str(resumed[0]["messages"])
+    assert "calc test passed" in history and "committed" in history
+    assert not denied, [e.data for e in denied]

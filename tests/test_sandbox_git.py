@@ -428,3 +428,27 @@ def test_a_sandboxed_agent_fetches_the_repositorys_branches_from_its_origin(repo
         c.post("/session/start", {"maxAgents": 1})
         wait_task_status(c, "f", "review", timeout=60)
     assert git_show(repo, "grid/f:fetched.txt") == _git(repo, "rev-parse", "main") + "\n"
+
+
+async def test_a_branch_the_run_pointed_at_no_commit_brings_nothing_and_blocks_nothing(
+    repo: Path,
+) -> None:
+    """A run that wrote its branch's ref by hand, naming a blob: nothing is brought back,
+    it says why, and the worktree is a plain one again (its files are the finish's to
+    record), instead of a reset that fails on every retry."""
+    worktrees = Worktrees(repo, repo / ".grid" / "worktrees")
+    await worktrees.setup()
+    tree = await worktrees.create("t", None)
+    private = PrivateRepos(worktrees)
+    await private.make(tree.path, agent_id="a-1")
+    (tree.path / "blob.txt").write_text("not a commit\n")
+    blob = _git(tree.path, "hash-object", "-w", "blob.txt")
+    ref = tree.path / ".git" / "refs" / "heads" / "grid" / "t"
+    ref.parent.mkdir(parents=True)
+    ref.write_text(f"{blob}\n")
+    before = _git(repo, "rev-parse", "grid/t")
+    reclaimed = await private.reclaim(tree.path)
+    assert reclaimed is not None and reclaimed.tip is None
+    assert "names no commit" in reclaimed.problem
+    assert _git(repo, "rev-parse", "grid/t") == before
+    assert _plain(repo, "t")

@@ -310,7 +310,12 @@ class PrivateRepos:
             fetched = object_id((admin / "FETCH_HEAD").read_text())
         except OSError as exc:
             return Reclaimed(None, f"its branch {ref} was fetched, but FETCH_HEAD: {exc}")
-        return Reclaimed(fetched or None, "" if fetched else "FETCH_HEAD names no commit")
+        commit = await git(
+            path, "rev-parse", "--verify", "--quiet", f"{fetched}^{{commit}}", check=False
+        )
+        if not fetched or commit.code != 0 or commit.out.strip() != fetched:
+            return Reclaimed(None, f"its branch {ref} names no commit ({fetched or 'nothing'})")
+        return Reclaimed(fetched)
 
     async def _take_over(
         self, path: Path, admin: Path, repo: Path, *, old: str, tip: str | None

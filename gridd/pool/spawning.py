@@ -105,6 +105,10 @@ class Spawner:
         self.claimers: dict[str, Claimer] = {}
         #: Set by the composition root: worktrees made ahead (``git.prepared``), taken first.
         self.prepared: PreparedWorktrees | None = None
+        #: Task id -> the attempts it had before a start the disk paused, while that start
+        #: had counted one: taken back at its next start if the disk refused to record it
+        #: then (``_start_paused``), so the count in memory is never one too many.
+        self._taken_back: dict[str, int] = {}
 
     async def start(self, task_id: str, profile_name: str) -> None:
         """Spawn an agent for a task already marked ``working``. Failures retry later."""
@@ -278,7 +282,11 @@ class Spawner:
         if task is None or task.status != TaskStatus.WORKING:
             return  # stopped or cancelled while the worktree was being made
         continuing = task.sessions > 0
-        attempt = task.attempts if continuing else task.attempts + 1
+        so_far = task.attempts
+        owed = self._taken_back.pop(task_id, None)
+        if owed is not None and so_far == owed + 1:
+            so_far = owed  # a paused start's attempt the disk did not let us take back
+        attempt = so_far if continuing else so_far + 1
         session_number = task.sessions + 1
         if continuing:
             resumed = task.error == RATE_LIMIT_RESET
@@ -504,6 +512,8 @@ class Spawner:
             return
         log.warning("could not start task %s: %s; not counted, as %s", task_id, message, fault)
         attempts = task.attempts - 1 if counted else task.attempts
+        if counted:  # in memory first: the writes below may meet the same disk
+            self._taken_back[task_id] = attempts
         self._tell_failed(task_id, message, attempts, counted=False, agent_id=agent_id)
         if task.status == TaskStatus.WORKING:
             self.ctx.state.update_task(task_id, attempts=attempts, error=f"start paused: {fault}")

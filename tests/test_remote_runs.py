@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from gridd.cli.render import agents_table
 from gridd.grid import Grid
 from gridd.model import Agent, TaskStatus
 from gridd.runs.boxes import DirectoryBoxes
+from gridd.runs.mirror import RunMirror
 from gridd.runs.remote import RemoteExecutor
 from gridd.specs import PlanSpec, SessionStart, normalise_plan
 from tests.helpers import agent_command, git_show, inprocess_daemon, kill_workspace_agents
@@ -183,6 +185,47 @@ async def test_an_answer_to_a_boxed_run_is_put_in_off_the_event_loop(
         kill_workspace_agents(repo)
         for box in engine.find({}):
             engine.remove(box.name)
+
+
+ECHO = "import sys\nfor line in sys.stdin:\n    print('got', line.strip(), flush=True)\n"
+
+
+async def test_a_restarted_daemons_answer_is_numbered_after_what_the_box_already_has(
+    repo: Path, boxes: DirectoryBoxes
+) -> None:
+    base = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    bundle = subprocess.run(
+        ["git", "-C", str(repo), "bundle", "create", "-q", "-", "main"], capture_output=True
+    ).stdout
+    spec = {"argv": [sys.executable, "-c", ECHO], "env": {}, "branch": "main", "base": base}
+    boxes.create(
+        "b", labels={}, files={"spec.json": json.dumps(spec).encode(), "base.bundle": bundle}
+    )
+    try:
+        for seq, line in ((1, b"one\n"), (2, b"two\n")):  # put by an earlier daemon
+            assert boxes.exec("b", ["put", str(seq), str(len(line)), "msg"], stdin=line) == b"new\n"
+        run_dir = boxes.base / "local-run"
+        run_dir.mkdir()
+        # A new daemon's mirror knows nothing of them yet; its answer must come third.
+        mirror = RunMirror(
+            run_dir=run_dir, engine=boxes, box="b", worktree=repo, branch="main", base=base
+        )
+        mirror.queue(b"three\n", "msg")
+        deadline = asyncio.get_running_loop().time() + 30
+        while "got three" not in _text(run_dir / "output.log"):
+            assert asyncio.get_running_loop().time() < deadline, _text(run_dir / "output.log")
+            mirror.look()
+            await asyncio.sleep(0.05)
+        assert _text(run_dir / "output.log").splitlines() == ["got one", "got two", "got three"]
+        assert mirror.highest_inbox == 3
+    finally:
+        boxes.remove("b")
+
+
+def _text(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
 
 
 def test_the_in_box_inbox_keeps_each_numbered_message_once(boxes: DirectoryBoxes) -> None:

@@ -111,51 +111,61 @@ class RunMirror:
 
     # -- stdin: the outbox ---------------------------------------------------------------
 
-    def queue(self, data: bytes, kind: str) -> int:
-        """Keep a message for the box's inbox, numbered after every earlier one; the next
-        look puts it in (``_deliver``), off the event loop. On disk first (``outbox/``), so
-        a restarted daemon still delivers it, and the box keeps each number once."""
+    def queue(self, data: bytes, kind: str) -> None:
+        """Keep a message for the box's inbox, after every earlier one; the next look puts
+        it in (``_deliver``), off the event loop. On disk first (``outbox/``), so that a
+        restarted daemon still delivers it."""
         with self.outbox_lock:
             pending = self._pending()
-            seq = max(self.highest_inbox, pending[-1][0] if pending else 0) + 1
+            order = (pending[-1][0] if pending else 0) + 1
             folder = self.run_dir / OUTBOX
             folder.mkdir(exist_ok=True)
-            _write_atomic(folder / f"{seq:08d}.{kind}", data)
-            return seq
+            _write_atomic(folder / f"{order:08d}.{kind}", data)
 
-    def _pending(self) -> list[tuple[int, str, Path]]:
+    def _pending(self) -> list[tuple[int, int | None, str, Path]]:
+        """The outbox in order: (order, the inbox number it was given or None, kind, file).
+        A message is named ``<order>.<kind>``, then ``<order>-<number>.<kind>`` once given
+        its number, just before its first put."""
         try:
             names = os.listdir(self.run_dir / OUTBOX)
         except FileNotFoundError:
             return []
         found = []
         for name in names:
-            seq, _, kind = name.partition(".")
-            if seq.isdigit() and kind in ("msg", "close"):
-                found.append((int(seq), kind, self.run_dir / OUTBOX / name))
-        return sorted(found)
+            stem, _, kind = name.partition(".")
+            order, _, number = stem.partition("-")
+            if order.isdigit() and (not number or number.isdigit()) and kind in ("msg", "close"):
+                seq = int(number) if number else None
+                found.append((int(order), seq, kind, self.run_dir / OUTBOX / name))
+        return sorted(found, key=lambda item: item[0])
 
     def _deliver(self) -> None:
-        """Put what the outbox holds into the box, in order, each once; what the box could
-        not take now stays for the next look."""
+        """Put what the outbox holds into the box, in order, each once. Called right after
+        a look read the box's highest inbox number: a message is numbered after it (and
+        keeps that number, so that a put tried again is the same message: the box keeps
+        it once); what the box could not take now stays for the next look."""
         with self.outbox_lock:
             pending = self._pending()
-        for seq, kind, path in pending:
-            if seq > self.highest_inbox:
-                data = path.read_bytes()
-                try:
-                    answer = self.engine.exec(
-                        self.box, ["put", str(seq), str(len(data)), kind], stdin=data
-                    )
-                except (BoxGone, BoxError) as exc:  # the next look tries again, or sees it gone
-                    log.warning("run %s: inbox message %d not put: %s", self.run_dir.name, seq, exc)
-                    return
-                if answer.strip() not in (b"new", b"dup"):
-                    log.warning(
-                        "run %s: inbox message %d not taken: %r", self.run_dir.name, seq, answer
-                    )
-                    return
-                self.highest_inbox = seq
+        for order, seq, kind, path in pending:
+            if seq is None:
+                seq = self.highest_inbox + 1
+                numbered = path.with_name(f"{order:08d}-{seq:08d}.{kind}")
+                os.replace(path, numbered)
+                path = numbered
+            data = path.read_bytes()
+            try:
+                answer = self.engine.exec(
+                    self.box, ["put", str(seq), str(len(data)), kind], stdin=data
+                )
+            except (BoxGone, BoxError) as exc:  # the next look tries again, or sees it gone
+                log.warning("run %s: inbox message %d not put: %s", self.run_dir.name, seq, exc)
+                return
+            if answer.strip() not in (b"new", b"dup"):
+                log.warning(
+                    "run %s: inbox message %d not taken: %r", self.run_dir.name, seq, answer
+                )
+                return
+            self.highest_inbox = max(self.highest_inbox, seq)
             path.unlink(missing_ok=True)
 
     def _finish(self, box_exit: dict[str, Any], *, reason: str | None = None) -> None:

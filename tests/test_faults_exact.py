@@ -80,12 +80,15 @@ def test_a_read_only_grid_pauses_starts_without_counting_attempts_and_work_resum
                 c.post("/tasks", {"title": f"later {n}", "maxAttempts": 1})["id"] for n in range(3)
             ]
             (control / f"{running}.go").touch()  # it ends while nothing can be written
+            # A warning may make /health degraded first (the running agent's monitor,
+            # "watching paused", cannot write its run's state either); what this test
+            # holds is that the disk is reported as such.
             health = wait_for(
-                lambda: (h := c.get("/health"))["status"] == "degraded" and h,
+                lambda: "disk" in (h := c.get("/health")).get("degraded", ()) and h,
                 timeout=10,
-                message="/health to say degraded",
+                message="/health to say the disk is degraded",
             )
-            assert "disk" in health["degraded"], health
+            assert health["status"] == "degraded", health
             assert any("read-only" in w for w in health["warnings"]), health
             for task_id in (running, *later):
                 assert c.get(f"/tasks/{task_id}")["status"] in ("working", "ready")

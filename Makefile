@@ -18,7 +18,8 @@ install: $(STAMP)
 # (npm, under .cache/clis/; skipped when present). docs/agents.md.
 AGENT_CLIS = claude codex gemini opencode
 REAL_CLI_TESTS = tests/test_claude_real.py tests/test_sandbox_claude.py \
-	tests/test_codex_real.py tests/test_gemini_real.py tests/test_opencode_real.py
+	tests/test_codex_real.py tests/test_gemini_real.py tests/test_opencode_real.py \
+	tests/test_podman_claude.py
 
 agent-clis:
 	for cli in $(AGENT_CLIS); do tests/tools/install-cli.sh $$cli || exit 1; done

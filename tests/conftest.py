@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DaemonProc, make_repo, remove_repo, running_daemon, stop_workspace
+from tests.support.daemons import DaemonProc, running_daemon, stop_workspace
+from tests.support.repos import make_repo, remove_repo
 
 
 @pytest.fixture

@@ -33,8 +33,11 @@ from gridd.settings import (
     GEMINI_STREAM_ARGS,
     OPENCODE_RUN_ARGS,
 )
-from tests.helpers import core_daemon, event_log, git_show, wait_task_status
 from tests.standin import ScriptedAPI
+from tests.support.api import wait_task_status
+from tests.support.daemons import core_daemon
+from tests.support.git import git_show
+from tests.support.sse import event_log
 
 ROOT = Path(__file__).resolve().parent.parent
 PINS = ROOT / "tests" / "tools" / "agent-clis.txt"

@@ -11,14 +11,10 @@ import psutil
 
 from gridd.client import GridClient
 from gridd.pool import render_command
-from tests.helpers import (
-    agent_command,
-    core_daemon,
-    event_log,
-    read_json_file,
-    wait_for,
-    write_core_config,
-)
+from tests.support.daemons import core_daemon
+from tests.support.repos import agent_command, read_json_file, write_core_config
+from tests.support.sse import event_log
+from tests.support.waits import wait_for
 
 FLOOD_MB = 50
 RSS_LIMIT = 300 * 1024 * 1024

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DaemonProc, raw_http
+from tests.support.api import raw_http
+from tests.support.daemons import DaemonProc
 
 
 def request(

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from gridd import API_VERSION, __version__
-from tests.helpers import DaemonProc
+from tests.support.daemons import DaemonProc
 
 
 def _refs(node: Any) -> Iterator[str]:

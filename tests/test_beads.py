@@ -20,7 +20,8 @@ from gridd.sources.beads import BdError, bead_task_fields, parse_ready
 from gridd.sources.beads_mirror import BeadWriter, mirror_writes, retry_delay
 from gridd.sources.beads_watch import is_issue_data
 from gridd.store import Store
-from tests.helpers import running_daemon, wait_for
+from tests.support.daemons import running_daemon
+from tests.support.waits import wait_for
 
 FAKE_BD = Path(__file__).parent / "fakes" / "bd"
 

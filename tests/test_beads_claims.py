@@ -14,7 +14,8 @@ from gridd.background import Background
 from gridd.model import Task, TaskStatus
 from gridd.sources.bd import run_bd
 from gridd.sources.beads_claim import ClaimBatcher, unused_claims, worth_claiming
-from tests.helpers import running_daemon, wait_for
+from tests.support.daemons import running_daemon
+from tests.support.waits import wait_for
 from tests.test_beads import FAKE_BD, bd_calls, bd_issue, bead, setup_beads
 
 
@@ -212,7 +213,7 @@ def test_a_daemon_killed_before_the_claims_answer_asks_again_and_a_loss_commits_
     import httpx
 
     from gridd.errors import DaemonUnreachable
-    from tests.helpers import restartable_daemon
+    from tests.support.daemons import restartable_daemon
 
     agent = ["sh", "-c", "echo work > out.txt; sleep 60"]
     extra = agent_config(agent, claim_ahead=0)
@@ -334,7 +335,7 @@ def test_a_run_whose_claim_cannot_be_asked_after_a_restart_is_set_aside_not_comm
     import httpx
 
     from gridd.errors import DaemonUnreachable
-    from tests.helpers import restartable_daemon
+    from tests.support.daemons import restartable_daemon
 
     agent = ["sh", "-c", 'echo "work of $GRID_AGENT_ID" > out.txt; sleep 60']
     extra = agent_config(agent, claim_ahead=0)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.helpers import event_log, running_daemon, wait_for
+from tests.support.daemons import running_daemon
+from tests.support.sse import event_log
+from tests.support.waits import wait_for
 from tests.test_beads import bd_calls, bead, setup_beads
 
 

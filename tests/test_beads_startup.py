@@ -12,7 +12,9 @@ import pytest
 
 from gridd.client import GridClient
 from gridd.errors import DaemonUnreachable, NotFound
-from tests.helpers import make_repo, remove_repo, running_daemon, wait_for
+from tests.support.daemons import running_daemon
+from tests.support.repos import make_repo, remove_repo
+from tests.support.waits import wait_for
 from tests.test_beads import bd_calls, bead, edit_bd_db, setup_beads
 
 #: No agent is started: the scheduler only acts on POST /scheduler/step.

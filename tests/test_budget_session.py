@@ -9,18 +9,11 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from tests.helpers import (
-    agent_command,
-    core_daemon,
-    event_log,
-    restartable_daemon,
-    scheduler_starts,
-    touch,
-    wait_for,
-    wait_for_events,
-    wait_task_status,
-    write_core_config,
-)
+from tests.support.api import scheduler_starts, wait_task_status
+from tests.support.daemons import core_daemon, restartable_daemon
+from tests.support.repos import agent_command, touch, write_core_config
+from tests.support.sse import event_log, wait_for_events
+from tests.support.waits import wait_for
 
 
 def beats(report_dir: Path, *actions: str, **profile: object) -> dict[str, object]:

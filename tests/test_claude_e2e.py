@@ -12,16 +12,11 @@ from typing import Any
 import pytest
 
 from gridd.client import GridClient
-from tests.helpers import (
-    core_daemon,
-    event_log,
-    fake_claude_profile,
-    git_show,
-    wait_for_events,
-    wait_pending_question,
-    wait_task_status,
-    write_core_config,
-)
+from tests.support.api import wait_pending_question, wait_task_status
+from tests.support.daemons import core_daemon
+from tests.support.git import git_show
+from tests.support.repos import fake_claude_profile, write_core_config
+from tests.support.sse import event_log, wait_for_events
 
 COST = 0.0123  # what the fake reports as total_cost_usd
 

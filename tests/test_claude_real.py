@@ -15,15 +15,6 @@ from typing import Any
 import pytest
 
 from tests.anthropic_standin import StandIn, Turn, error, limit, standin, tool
-from tests.helpers import (
-    core_daemon,
-    event_log,
-    git_show,
-    wait_for_events,
-    wait_pending_question,
-    wait_task_status,
-    write_core_config,
-)
 from tests.real_cli import (
     agent_of,
     assert_cost_counted_once,
@@ -34,6 +25,11 @@ from tests.real_cli import (
     spec_argv,
     start,
 )
+from tests.support.api import wait_pending_question, wait_task_status
+from tests.support.daemons import core_daemon
+from tests.support.git import git_show
+from tests.support.repos import write_core_config
+from tests.support.sse import event_log, wait_for_events
 
 pytestmark = marks("claude")
 #: How Claude Code 2.1.3xx shows the model a message sent while it works, with the next

@@ -20,15 +20,6 @@ from pathlib import Path
 import pytest
 
 from gridd.adapters.prices import PRICES
-from tests.helpers import (
-    core_daemon,
-    event_log,
-    git_show,
-    wait_for,
-    wait_for_events,
-    wait_task_status,
-    write_core_config,
-)
 from tests.openai_standin import MODEL, StandIn, Turn, call, error, standin, usage_limit
 from tests.real_cli import (
     AFTER_RESTART,
@@ -43,6 +34,12 @@ from tests.real_cli import (
     start,
 )
 from tests.real_cli import codex_home as make_codex_home
+from tests.support.api import wait_task_status
+from tests.support.daemons import core_daemon
+from tests.support.git import git_show
+from tests.support.repos import write_core_config
+from tests.support.sse import event_log, wait_for_events
+from tests.support.waits import wait_for
 
 pytestmark = marks("codex")
 

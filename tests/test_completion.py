@@ -10,7 +10,7 @@ import pytest
 
 from gridd.cli import completion
 from gridd.cli.gridctl import build_parser
-from tests.helpers import gridctl
+from tests.support.cli import gridctl
 
 
 def complete_in_bash(script: Path, *words: str) -> list[str]:

@@ -9,7 +9,10 @@ import socket
 import time
 from pathlib import Path
 
-from tests.helpers import api_call, raw_http, running_daemon, wait_for, write_config
+from tests.support.api import api_call, raw_http
+from tests.support.daemons import running_daemon
+from tests.support.repos import write_config
+from tests.support.waits import wait_for
 
 
 def _idle(sock: Path, n: int) -> list[socket.socket]:

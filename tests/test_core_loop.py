@@ -12,19 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from gridd.client import GridClient
-from tests.helpers import (
-    agent_command,
-    core_daemon,
-    event_log,
-    process_gone,
-    read_json_file,
-    read_text_file,
-    scheduler_starts,
-    wait_for,
-    wait_for_events,
-    wait_task_status,
-    write_core_config,
-)
+from tests.support.api import scheduler_starts, wait_task_status
+from tests.support.daemons import core_daemon
+from tests.support.processes import process_gone
+from tests.support.repos import agent_command, read_json_file, read_text_file, write_core_config
+from tests.support.sse import event_log, wait_for_events
+from tests.support.waits import wait_for
 
 AGENT_END = {"agent.completed", "agent.failed", "agent.stopped"}
 AGENT_EVENTS = {"agent.spawned", *AGENT_END}

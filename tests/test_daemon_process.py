@@ -27,19 +27,12 @@ from gridd import lockholder
 from gridd.errors import AlreadyRunning, WorkspaceError
 from gridd.store import MIGRATIONS, SCHEMA_VERSION
 from gridd.workspace import SOCKET_PATH_MAX, Workspace
-from tests.helpers import (
-    GRIDD,
-    DaemonProc,
-    SSERead,
-    read_sse,
-    remove_repo,
-    run_gridd,
-    running_daemon,
-    socket_answers,
-    start_daemon,
-    wait_for,
-    write_config,
-)
+from tests.support.api import socket_answers
+from tests.support.cli import GRIDD, run_gridd
+from tests.support.daemons import DaemonProc, running_daemon, start_daemon
+from tests.support.repos import remove_repo, write_config
+from tests.support.sse import SSERead, read_sse
+from tests.support.waits import wait_for
 
 
 def _mode(path: Path) -> int:

@@ -23,16 +23,10 @@ import pytest
 
 from gridd.model import TaskStatus
 from gridd.specs import TaskSpec
-from tests.helpers import (
-    FAST_SCHEDULER,
-    EventFollower,
-    agent_command,
-    event_log,
-    inprocess_daemon,
-    run_gridd,
-    running_daemon,
-    start_daemon,
-)
+from tests.support.cli import run_gridd
+from tests.support.daemons import inprocess_daemon, running_daemon, start_daemon
+from tests.support.repos import FAST_SCHEDULER, agent_command
+from tests.support.sse import EventFollower, event_log
 
 
 def fill(path: Path) -> Path:

@@ -18,7 +18,9 @@ import pytest
 
 from gridd import trust
 from gridd.cli.doctor_checks import grid_dir_verdict
-from tests.helpers import gridctl, running_daemon, write_config
+from tests.support.cli import gridctl
+from tests.support.daemons import running_daemon
+from tests.support.repos import write_config
 
 
 @pytest.fixture

@@ -20,24 +20,13 @@ import psutil
 
 from gridd.client import GridClient, SSEEvent
 from gridd.runs.process import AgentProcess, process_create_time
-from tests.helpers import (
-    AGENTS_DIR,
-    EventFollower,
-    agent_command,
-    event_log,
-    gridctl,
-    open_fds,
-    output_chunks,
-    process_gone,
-    read_json_file,
-    restartable_daemon,
-    touch,
-    wait_for,
-    wait_for_events,
-    wait_task_status,
-    write_core_config,
-    zombie_children,
-)
+from tests.support.api import output_chunks, wait_task_status
+from tests.support.cli import gridctl
+from tests.support.daemons import restartable_daemon
+from tests.support.processes import open_fds, process_gone, zombie_children
+from tests.support.repos import AGENTS_DIR, agent_command, read_json_file, touch, write_core_config
+from tests.support.sse import EventFollower, event_log, wait_for_events
+from tests.support.waits import wait_for
 
 sys.path.insert(0, str(AGENTS_DIR))
 from bigwrite import expected_output

@@ -27,14 +27,10 @@ from gridd.events import EventBus
 from gridd.grid import Grid
 from gridd.settings import Settings, parse_settings
 from gridd.store import Store
-from tests.helpers import (
-    SSERead,
-    inprocess_daemon,
-    read_sse,
-    running_daemon,
-    wait_for,
-    write_config,
-)
+from tests.support.daemons import inprocess_daemon, running_daemon
+from tests.support.repos import write_config
+from tests.support.sse import SSERead, read_sse
+from tests.support.waits import wait_for
 
 
 def seed_events(

@@ -17,15 +17,11 @@ from gridd import event_types
 from gridd.errors import ConfigError
 from gridd.notify import NotificationRules
 from gridd.settings import parse_settings
-from tests.helpers import (
-    GRIDD,
-    gridctl,
-    raw_http,
-    read_sse,
-    run_gridd,
-    running_daemon,
-    write_config,
-)
+from tests.support.api import raw_http
+from tests.support.cli import GRIDD, gridctl, run_gridd
+from tests.support.daemons import running_daemon
+from tests.support.repos import write_config
+from tests.support.sse import read_sse
 
 SOURCE = Path(gridd.__file__).resolve().parent
 DOCS = SOURCE.parent / "docs" / "events.md"

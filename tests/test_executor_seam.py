@@ -16,7 +16,9 @@ from gridd.model import Agent, TaskStatus
 from gridd.runs.executor import AgentHandle, ExitStatus, Launch
 from gridd.runs.local import LocalExecutor
 from gridd.specs import PlanSpec, SessionStart, normalise_plan
-from tests.helpers import agent_command, inprocess_daemon, kill_workspace_agents
+from tests.support.daemons import inprocess_daemon
+from tests.support.processes import kill_workspace_agents
+from tests.support.repos import agent_command
 
 
 class LoggedHandle:

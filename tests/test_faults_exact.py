@@ -18,16 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (
-    agent_command,
-    core_daemon,
-    event_log,
-    running_daemon,
-    start_daemon,
-    wait_for,
-    wait_task_status,
-    write_core_config,
-)
+from tests.support.api import wait_task_status
+from tests.support.daemons import core_daemon, running_daemon, start_daemon
+from tests.support.repos import agent_command, write_core_config
+from tests.support.sse import event_log
+from tests.support.waits import wait_for
 from tests.test_disk_full import fill
 
 #: How long ``.grid/`` stays read-only: longer than a few start retries and backoffs.

@@ -17,15 +17,12 @@ import pytest
 from gridd.client import GridClient
 from gridd.errors import Conflict, ValidationFailed
 from gridd.git.worktrees import Worktrees
-from tests.helpers import (
-    agent_command,
-    core_daemon,
-    event_log,
-    gridctl,
-    wait_for,
-    wait_task_status,
-    write_core_config,
-)
+from tests.support.api import wait_task_status
+from tests.support.cli import gridctl
+from tests.support.daemons import core_daemon
+from tests.support.repos import agent_command, write_core_config
+from tests.support.sse import event_log
+from tests.support.waits import wait_for
 
 
 def git(root: Path, *args: str) -> str:

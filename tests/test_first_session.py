@@ -20,14 +20,15 @@ import pytest
 from gridd.cli.init_cmd import config_text
 from gridd.runs import landlock
 from gridd.settings import load_settings
-from tests import helpers
-from tests.helpers import wait_for
+from tests.support import cli as support_cli
+from tests.support.processes import daemons_serving
+from tests.support.waits import wait_for
 
-ENV = {**helpers.GRIDCTL_ENV, "COLUMNS": "200", "GRID_EXAMPLE_DELAY": "0"}
+ENV = {**support_cli.GRIDCTL_ENV, "COLUMNS": "200", "GRID_EXAMPLE_DELAY": "0"}
 
 
 def gridctl(root: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return helpers.gridctl(root, *args, timeout=timeout, env=ENV)
+    return support_cli.gridctl(root, *args, timeout=timeout, env=ENV)
 
 
 def tasks(root: Path) -> dict[str, dict[str, Any]]:
@@ -87,7 +88,7 @@ def test_init_never_overwrites_and_says_so(ws: Path) -> None:
     assert again.returncode == 1
     assert "gridctl: .grid/config.toml exists; left as it is" in again.stderr
     assert (ws / ".grid" / "config.toml").read_text() == "# mine\n"
-    assert not helpers.daemons_serving(ws)
+    assert not daemons_serving(ws)
 
 
 @pytest.mark.parametrize("abi", [0, 3, 7])
@@ -137,7 +138,7 @@ def test_init_on_this_kernel_sandboxes_claude_and_doctor_needs_no_claude(ws: Pat
     assert "Claude Code's profile is sandboxed" in inited.stdout
     claude = load_settings(ws / ".grid" / "config.toml").profiles()["claude"]
     assert (claude.sandbox.mode, claude.sandbox.network) == ("workspace", "allowlist")
-    doctor = helpers.gridctl(ws, "doctor", timeout=30, env={**ENV, "PATH": "/usr/bin:/bin"})
+    doctor = support_cli.gridctl(ws, "doctor", timeout=30, env={**ENV, "PATH": "/usr/bin:/bin"})
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert "sandboxed: claude (workspace)" in doctor.stdout
     assert "binary claude" not in doctor.stdout

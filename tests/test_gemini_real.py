@@ -20,15 +20,6 @@ import pytest
 
 from gridd.adapters.prices import PRICES
 from tests.gemini_standin import MODEL, StandIn, Turn, call, error, quota, standin
-from tests.helpers import (
-    core_daemon,
-    event_log,
-    git_show,
-    wait_for,
-    wait_for_events,
-    wait_task_status,
-    write_core_config,
-)
 from tests.real_cli import (
     AFTER_RESTART,
     agent_of,
@@ -41,6 +32,12 @@ from tests.real_cli import (
     spec_argv,
     start,
 )
+from tests.support.api import wait_task_status
+from tests.support.daemons import core_daemon
+from tests.support.git import git_show
+from tests.support.repos import write_core_config
+from tests.support.sse import event_log, wait_for_events
+from tests.support.waits import wait_for
 
 pytestmark = marks("gemini")
 

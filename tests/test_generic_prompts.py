@@ -11,15 +11,11 @@ import pytest
 from gridd.adapters.base import Ask
 from gridd.adapters.patterns import PatternsAdapter
 from gridd.errors import ValidationFailed
-from tests.helpers import (
-    agent_command,
-    core_daemon,
-    event_log,
-    git_show,
-    wait_pending_question,
-    wait_task_status,
-    write_core_config,
-)
+from tests.support.api import wait_pending_question, wait_task_status
+from tests.support.daemons import core_daemon
+from tests.support.git import git_show
+from tests.support.repos import agent_command, write_core_config
+from tests.support.sse import event_log
 
 
 def asks(*chunks: str) -> list[Ask]:

@@ -41,17 +41,12 @@ from gridd.model import (
     Task,
     TaskStatus,
 )
-from tests.helpers import (
-    GRIDCTL,
-    DaemonProc,
-    daemons_serving,
-    gridctl,
-    socket_answers,
-    wait_for,
-)
-from tests.helpers import (
-    GRIDCTL_ENV as ENV,
-)
+from tests.support.api import socket_answers
+from tests.support.cli import GRIDCTL, gridctl
+from tests.support.cli import GRIDCTL_ENV as ENV
+from tests.support.daemons import DaemonProc
+from tests.support.processes import daemons_serving
+from tests.support.waits import wait_for
 
 
 def pid_file(root: Path) -> Path:

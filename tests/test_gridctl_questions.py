@@ -38,16 +38,11 @@ from gridd.model import (
     Task,
     TaskStatus,
 )
-from tests.helpers import (
-    GRIDCTL,
-    GRIDCTL_ENV,
-    agent_command,
-    daemons_serving,
-    git_show,
-    gridctl,
-    wait_for,
-    write_core_config,
-)
+from tests.support.cli import GRIDCTL, GRIDCTL_ENV, gridctl
+from tests.support.git import git_show
+from tests.support.processes import daemons_serving
+from tests.support.repos import agent_command, write_core_config
+from tests.support.waits import wait_for
 
 ASKER = {"command": agent_command("ask_heartbeat.py", "Which color?", "red", "blue")}
 

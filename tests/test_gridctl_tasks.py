@@ -23,14 +23,11 @@ from gridd.cli import plan_cmd, render_tasks, watch
 from gridd.cli.gridctl import main as gridctl_main
 from gridd.errors import GriddError
 from gridd.model import DaemonInfo, RepoState, SessionState, Stats, Task, TaskStatus, utcnow
-from tests import helpers
-from tests.helpers import (
-    GRIDCTL,
-    agent_command,
-    daemons_serving,
-    wait_for,
-    write_core_config,
-)
+from tests.support import cli as support_cli
+from tests.support.cli import GRIDCTL
+from tests.support.processes import daemons_serving
+from tests.support.repos import agent_command, write_core_config
+from tests.support.waits import wait_for
 
 ENV = {**os.environ, "COLUMNS": "200", "GRID_EXAMPLE_DELAY": "0"}
 
@@ -63,7 +60,7 @@ CYCLE = """\
 def gridctl(
     root: Path, *args: str, timeout: float = 30, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return helpers.gridctl(root, *args, timeout=timeout, cwd=cwd, env=ENV)
+    return support_cli.gridctl(root, *args, timeout=timeout, cwd=cwd, env=ENV)
 
 
 class Background:

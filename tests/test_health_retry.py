@@ -15,17 +15,12 @@ from gridd.model import Task, TaskStatus
 from gridd.plan import Observed, StartTask, plan
 from gridd.pool import Roster
 from gridd.settings import parse_settings
-from tests.helpers import (
-    agent_command,
-    core_daemon,
-    event_log,
-    process_gone,
-    scheduler_starts,
-    wait_for,
-    wait_for_events,
-    wait_task_status,
-    write_core_config,
-)
+from tests.support.api import scheduler_starts, wait_task_status
+from tests.support.daemons import core_daemon
+from tests.support.processes import process_gone
+from tests.support.repos import agent_command, write_core_config
+from tests.support.sse import event_log, wait_for_events
+from tests.support.waits import wait_for
 
 
 def runs(report_dir: Path, task_id: str) -> list[dict[str, object]]:

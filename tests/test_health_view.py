@@ -14,7 +14,7 @@ import httpx
 
 from gridd.errors import StoreError
 from gridd.grid import Grid
-from tests.helpers import inprocess_daemon
+from tests.support.daemons import inprocess_daemon
 
 
 def _http(sock: Path) -> httpx.AsyncClient:

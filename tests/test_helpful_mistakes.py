@@ -17,7 +17,7 @@ from gridd.cli import plan_cmd
 from gridd.cli.gridctl import EXIT_ERROR, EXIT_USAGE, build_parser
 from gridd.cli.gridctl import main as gridctl_main
 from gridd.cli.tasks_cmd import task_spec
-from tests import helpers
+from tests.support import cli as support_cli
 
 #: A cycle (a -> c -> b -> a), an unknown dependency (ghost) and a misspelt field.
 THREE_PROBLEMS = """\
@@ -120,11 +120,11 @@ def test_a_plan_with_a_cycle_an_unknown_dependency_and_a_bad_field_reports_all_t
 def test_plan_apply_reports_every_problem_judging_dependencies_by_the_workspaces_tasks(
     ws: Path,
 ) -> None:
-    env = {**helpers.GRIDCTL_ENV, "COLUMNS": "200"}
-    added = helpers.gridctl(ws, "task", "add", "Exists", "--id", "ghost", env=env)
+    env = {**support_cli.GRIDCTL_ENV, "COLUMNS": "200"}
+    added = support_cli.gridctl(ws, "task", "add", "Exists", "--id", "ghost", env=env)
     assert added.returncode == 0, added.stderr
     (ws / "plan.yaml").write_text(THREE_PROBLEMS.replace("- ghost", "- ghost\n      - nowhere"))
-    result = helpers.gridctl(ws, "plan", "apply", "plan.yaml", env=env)
+    result = support_cli.gridctl(ws, "plan", "apply", "plan.yaml", env=env)
     assert result.returncode == EXIT_ERROR
     problems = [line for line in result.stderr.splitlines() if line.startswith("  - ")]
     assert problems == [
@@ -132,18 +132,20 @@ def test_plan_apply_reports_every_problem_judging_dependencies_by_the_workspaces
         "  - line 8, tasks[1].priorty: unknown field 'priorty'; did you mean 'priority'?",
         "  - line 14, tasks[2].depends_on[2]: task 'c' depends on unknown task 'nowhere'",
     ]
-    listed = helpers.gridctl(ws, "task", "list", "--json", env=env)
+    listed = support_cli.gridctl(ws, "task", "list", "--json", env=env)
     assert [task["id"] for task in json.loads(listed.stdout)] == ["ghost"]  # nothing applied
 
 
 def test_the_daemons_graph_problems_are_placed_in_the_file(ws: Path) -> None:
-    env = {**helpers.GRIDCTL_ENV, "COLUMNS": "200"}
-    assert helpers.gridctl(ws, "task", "add", "Exists", "--id", "taken", env=env).returncode == 0
+    env = {**support_cli.GRIDCTL_ENV, "COLUMNS": "200"}
+    assert (
+        support_cli.gridctl(ws, "task", "add", "Exists", "--id", "taken", env=env).returncode == 0
+    )
     (ws / "plan.yaml").write_text(
         "tasks:\n  - {id: fine, title: F}\n  - {id: taken, title: again}\n"
         "  - id: lost\n    title: L\n    after: [fine, nowhere]\n"
     )
-    result = helpers.gridctl(ws, "plan", "apply", "plan.yaml", env=env)
+    result = support_cli.gridctl(ws, "plan", "apply", "plan.yaml", env=env)
     assert result.returncode == EXIT_ERROR
     assert result.stderr.splitlines() == [
         "gridctl: plan.yaml: 2 problems in the plan [task_exists]",

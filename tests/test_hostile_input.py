@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DaemonProc, raw_http, wait_for
+from tests.support.api import raw_http
+from tests.support.daemons import DaemonProc
+from tests.support.waits import wait_for
 
 
 def send(

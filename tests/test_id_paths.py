@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from gridd.api.errors import IdRoute, split_id
-from tests.helpers import DaemonProc, raw_http
+from tests.support.api import raw_http
+from tests.support.daemons import DaemonProc
 
 
 def ask(live: DaemonProc, method: str, target: str) -> tuple[int, dict[str, Any]]:

@@ -10,7 +10,7 @@ import pytest
 
 from gridd.errors import ValidationFailed
 from gridd.ids import new_task_id, task_branch, task_id_problem, validate_task_id
-from tests.helpers import DaemonProc
+from tests.support.daemons import DaemonProc
 
 HOSTILE_IDS = [
     "",

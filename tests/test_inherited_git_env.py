@@ -8,8 +8,9 @@ import json
 import subprocess
 from pathlib import Path
 
-from tests import helpers
-from tests.helpers import make_repo, remove_repo, wait_for
+from tests.support import cli as support_cli
+from tests.support.repos import make_repo, remove_repo
+from tests.support.waits import wait_for
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -27,20 +28,20 @@ def test_a_gridd_started_under_another_repositorys_git_dir_leaves_that_repositor
         config_before = (decoy / ".git" / "config").read_text()
         refs_before = _git(decoy, "for-each-ref")
         env = {
-            **helpers.GRIDCTL_ENV,
+            **support_cli.GRIDCTL_ENV,
             "GRID_EXAMPLE_DELAY": "0",
             "GIT_DIR": str(decoy / ".git"),
             "GIT_WORK_TREE": str(decoy),
             "GIT_INDEX_FILE": str(decoy / ".git" / "index"),
         }
-        added = helpers.gridctl(ws, "task", "add", "x", "--prompt", "make x", env=env)
+        added = support_cli.gridctl(ws, "task", "add", "x", "--prompt", "make x", env=env)
         assert added.returncode == 0, added.stderr
         task = added.stdout.split()[2]  # "created task <id> (ready)"
-        started = helpers.gridctl(ws, "session", "start", "--branch", "feat", env=env)
+        started = support_cli.gridctl(ws, "session", "start", "--branch", "feat", env=env)
         assert started.returncode == 0, started.stderr
 
         def status() -> str:
-            listed = helpers.gridctl(ws, "task", "list", "--json", env=env)
+            listed = support_cli.gridctl(ws, "task", "list", "--json", env=env)
             return str({t["id"]: t["status"] for t in json.loads(listed.stdout)}.get(task))
 
         wait_for(lambda: status() == "review", timeout=60, message=f"task {task} in review")

@@ -17,15 +17,12 @@ from pathlib import Path
 import pytest
 
 from gridd.client import GridClient
-from tests.helpers import (
-    core_daemon,
-    event_log,
-    gridctl,
-    wait_for,
-    wait_pending_question,
-    wait_task_status,
-    write_core_config,
-)
+from tests.support.api import wait_pending_question, wait_task_status
+from tests.support.cli import gridctl
+from tests.support.daemons import core_daemon
+from tests.support.repos import write_core_config
+from tests.support.sse import event_log
+from tests.support.waits import wait_for
 from tests.test_merge_queue import configure, git, runs, task
 
 #: Marker-like lines, as a test fixture about git would hold them.

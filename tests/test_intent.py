@@ -10,16 +10,12 @@ import httpx
 import pytest
 
 from gridd.errors import DaemonUnreachable
-from tests.helpers import (
-    agent_command,
-    process_gone,
-    read_text_file,
-    restartable_daemon,
-    wait_for,
-    wait_for_events,
-    wait_task_status,
-    write_core_config,
-)
+from tests.support.api import wait_task_status
+from tests.support.daemons import restartable_daemon
+from tests.support.processes import process_gone
+from tests.support.repos import agent_command, read_text_file, write_core_config
+from tests.support.sse import wait_for_events
+from tests.support.waits import wait_for
 
 
 def _config(repo: Path, tmp_path: Path, *, crash: bool) -> None:

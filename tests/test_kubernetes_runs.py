@@ -26,8 +26,11 @@ from gridd.runs.boxes import BoxError, BoxGone
 from gridd.runs.kubernetes import KubernetesEngine, exit_reason, job_manifest, k8s_name
 from gridd.runs.remote import RemoteExecutor
 from gridd.settings import KubernetesSettings
-from tests.helpers import agent_command, git_show, inprocess_daemon, kill_workspace_agents
 from tests.kube_standin import FakeCluster
+from tests.support.daemons import inprocess_daemon
+from tests.support.git import git_show
+from tests.support.processes import kill_workspace_agents
+from tests.support.repos import agent_command
 from tests.test_remote_runs import first_line, start_tasks, until
 
 pytestmark = [pytest.mark.xdist_group("kubernetes")]

@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 
 from gridd.client import GridClient
-from tests.helpers import agent_command, gridctl, wait_for, write_core_config
+from tests.support.cli import gridctl
+from tests.support.repos import agent_command, write_core_config
+from tests.support.waits import wait_for
 
 
 def git(root: Path, *args: str) -> str:

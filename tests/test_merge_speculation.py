@@ -25,12 +25,10 @@ import pytest
 from gridd.client import GridClient
 from gridd.git.train import Bisection, Blame, Gate, cut
 from tests import test_merge_train as train
-from tests.helpers import (
-    core_daemon,
-    event_log,
-    gridctl,
-    wait_for,
-)
+from tests.support.cli import gridctl
+from tests.support.daemons import core_daemon
+from tests.support.sse import event_log
+from tests.support.waits import wait_for
 from tests.test_merge_train import (
     assert_merged_once_each,
     git,

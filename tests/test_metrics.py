@@ -9,14 +9,11 @@ import prometheus_client
 from prometheus_client.parser import text_string_to_metric_families
 
 from gridd.client import GridClient
-from tests.helpers import (
-    agent_command,
-    core_daemon,
-    gridctl,
-    wait_for,
-    wait_task_status,
-    write_core_config,
-)
+from tests.support.api import wait_task_status
+from tests.support.cli import gridctl
+from tests.support.daemons import core_daemon
+from tests.support.repos import agent_command, write_core_config
+from tests.support.waits import wait_for
 
 
 def scrape(c: GridClient) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:

@@ -22,7 +22,8 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis.checks import positive_data_acceptance
 
-from tests.helpers import agent_command, core_daemon, write_core_config
+from tests.support.daemons import core_daemon
+from tests.support.repos import agent_command, write_core_config
 
 EXAMPLES = 12
 SKIPPED = {("POST", "/shutdown"), ("GET", "/events")}

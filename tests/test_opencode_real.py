@@ -17,14 +17,6 @@ from pathlib import Path
 import pytest
 
 from tests.anthropic_standin import StandIn, Turn, error, limit, standin, tool
-from tests.helpers import (
-    core_daemon,
-    event_log,
-    git_show,
-    wait_for_events,
-    wait_task_status,
-    write_core_config,
-)
 from tests.real_cli import (
     AFTER_RESTART,
     agent_of,
@@ -37,6 +29,11 @@ from tests.real_cli import (
     spec_argv,
     start,
 )
+from tests.support.api import wait_task_status
+from tests.support.daemons import core_daemon
+from tests.support.git import git_show
+from tests.support.repos import write_core_config
+from tests.support.sse import event_log, wait_for_events
 
 pytestmark = marks("opencode")
 

@@ -17,19 +17,17 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers import (
+from tests.support.cli import gridctl
+from tests.support.daemons import core_daemon, running_daemon
+from tests.support.processes import kill_workspace_agents, process_gone
+from tests.support.repos import (
     agent_command,
-    core_daemon,
-    gridctl,
-    kill_workspace_agents,
     make_repo,
-    process_gone,
     read_json_file,
     remove_repo,
-    running_daemon,
-    wait_for,
     write_core_config,
 )
+from tests.support.waits import wait_for
 
 GRACE = 1.0
 

@@ -8,14 +8,11 @@ from pathlib import Path
 
 from gridd.errors import StoreError
 from gridd.store import Store
-from tests.helpers import (
-    agent_command,
-    event_log,
-    restartable_daemon,
-    wait_for,
-    wait_task_status,
-    write_core_config,
-)
+from tests.support.api import wait_task_status
+from tests.support.daemons import restartable_daemon
+from tests.support.repos import agent_command, write_core_config
+from tests.support.sse import event_log
+from tests.support.waits import wait_for
 from tests.test_wakeups import assert_complete, lines_agents, output_by_agent, until
 
 

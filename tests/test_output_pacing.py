@@ -19,7 +19,8 @@ from gridd.client import SSEParser
 from gridd.grid import Grid
 from gridd.pool.pacing import HIGH_BYTES, OutputPacer, Verdict, verdict
 from tests.agents.flood import LINE
-from tests.helpers import agent_command, inprocess_daemon
+from tests.support.daemons import inprocess_daemon
+from tests.support.repos import agent_command
 
 MIB = 1024 * 1024
 

@@ -27,7 +27,9 @@ from gridd.model import Agent, Event, TaskStatus
 from gridd.runs.executor import AgentHandle, Launch
 from gridd.runs.local import LocalExecutor
 from gridd.specs import PlanSpec, SessionStart, normalise_plan
-from tests.helpers import FAST_SCHEDULER, inprocess_daemon, kill_workspace_agents
+from tests.support.daemons import inprocess_daemon
+from tests.support.processes import kill_workspace_agents
+from tests.support.repos import FAST_SCHEDULER
 
 
 class FullOnce:

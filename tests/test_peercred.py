@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from gridd.api.peercred import forbidden_response, peer_uid
-from tests.helpers import DaemonProc, inprocess_daemon, raw_http
+from tests.support.api import raw_http
+from tests.support.daemons import DaemonProc, inprocess_daemon
 
 NOBODY = 65534
 HEALTH = b"GET /health HTTP/1.1\r\nHost: gridd\r\nConnection: close\r\n\r\n"

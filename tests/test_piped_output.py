@@ -20,7 +20,9 @@ from rich.console import Console
 
 from gridd.cli import render
 from gridd.model import Question
-from tests.helpers import GRIDCTL, agent_command, wait_for, write_core_config
+from tests.support.cli import GRIDCTL
+from tests.support.repos import agent_command, write_core_config
+from tests.support.waits import wait_for
 
 #: A pipe in CI: no terminal anywhere and no COLUMNS.
 PIPE_ENV = {key: value for key, value in os.environ.items() if key not in {"COLUMNS", "LINES"}}

@@ -17,15 +17,11 @@ import pytest
 
 from gridd.client import GridClient
 from gridd.runs.image import default_cache_dir, ensure_image
-from tests.helpers import (
-    AGENTS_DIR,
-    Restartable,
-    core_daemon,
-    git_show,
-    wait_for,
-    wait_task_status,
-    write_config,
-)
+from tests.support.api import wait_task_status
+from tests.support.daemons import Restartable, core_daemon
+from tests.support.git import git_show
+from tests.support.repos import AGENTS_DIR, write_config
+from tests.support.waits import wait_for
 
 MISSING = [tool for tool in ("podman", "runc", "mmdebstrap") if shutil.which(tool) is None]
 pytestmark = [pytest.mark.xdist_group("podman")]

@@ -16,16 +16,12 @@ import pytest
 from gridd.git.prepared import keeps, owned, worth_preparing
 from gridd.git.worktrees import WorktreeGone, Worktrees
 from gridd.model import Task, TaskStatus
-from tests.helpers import (
-    core_daemon,
-    event_log,
-    kill9_between_exit_and_commit,
-    process_gone,
-    restartable_daemon,
-    wait_for,
-    wait_task_status,
-    write_core_config,
-)
+from tests.support.api import wait_task_status
+from tests.support.daemons import core_daemon, kill9_between_exit_and_commit, restartable_daemon
+from tests.support.processes import process_gone
+from tests.support.repos import write_core_config
+from tests.support.sse import event_log
+from tests.support.waits import wait_for
 
 #: Writes ``<task>.txt``, then waits for a go file (outside the worktree) and exits 0.
 WAITING_AGENT = (

@@ -11,18 +11,12 @@ import time
 from pathlib import Path
 
 from gridd.client import GridClient
-from tests.helpers import (
-    agent_command,
-    api_call,
-    core_daemon,
-    event_log,
-    git_show,
-    wait_for,
-    wait_for_events,
-    wait_pending_question,
-    wait_task_status,
-    write_core_config,
-)
+from tests.support.api import api_call, wait_pending_question, wait_task_status
+from tests.support.daemons import core_daemon
+from tests.support.git import git_show
+from tests.support.repos import agent_command, write_core_config
+from tests.support.sse import event_log, wait_for_events
+from tests.support.waits import wait_for
 
 ASKER = {"command": agent_command("ask_heartbeat.py", "Which color?", "red", "blue")}
 LEAVER = {

@@ -25,7 +25,10 @@ from gridd.runs.boxes import DirectoryBoxes
 from gridd.runs.mirror import RunMirror
 from gridd.runs.remote import RemoteExecutor
 from gridd.specs import PlanSpec, SessionStart, normalise_plan
-from tests.helpers import agent_command, git_show, inprocess_daemon, kill_workspace_agents
+from tests.support.daemons import inprocess_daemon
+from tests.support.git import git_show
+from tests.support.processes import kill_workspace_agents
+from tests.support.repos import agent_command
 
 
 async def until(predicate: Callable[[], object], *, timeout: float = 30.0, what: str = "") -> None:

@@ -6,14 +6,11 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
-from tests.helpers import (
-    agent_command,
-    restartable_daemon,
-    wait_for,
-    wait_for_events,
-    wait_task_status,
-    write_core_config,
-)
+from tests.support.api import wait_task_status
+from tests.support.daemons import restartable_daemon
+from tests.support.repos import agent_command, write_core_config
+from tests.support.sse import wait_for_events
+from tests.support.waits import wait_for
 
 
 def _time(value: object) -> datetime:

@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 
 from gridd.errors import Conflict
-from tests.helpers import core_daemon, event_log, gridctl, wait_task_status
+from tests.support.api import wait_task_status
+from tests.support.cli import gridctl
+from tests.support.daemons import core_daemon
+from tests.support.sse import event_log
 from tests.test_merge_queue import configure, files_on, git, task
 
 

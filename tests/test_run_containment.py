@@ -13,14 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (
-    agent_command,
-    core_daemon,
-    process_gone,
-    read_json_file,
-    wait_for,
-    write_core_config,
-)
+from tests.support.daemons import core_daemon
+from tests.support.processes import process_gone
+from tests.support.repos import agent_command, read_json_file, write_core_config
+from tests.support.waits import wait_for
 
 #: How a run ends, and what the test does to end it.
 MODES = ["stop", "kill", "session_stop", "timeout", "exit"]

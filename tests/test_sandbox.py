@@ -19,16 +19,12 @@ import pytest
 
 from gridd.client import GridClient
 from gridd.runs import landlock
-from tests.helpers import (
-    agent_command,
-    core_daemon,
-    git_show,
-    gridctl,
-    restartable_daemon,
-    wait_for,
-    wait_task_status,
-    write_core_config,
-)
+from tests.support.api import wait_task_status
+from tests.support.cli import gridctl
+from tests.support.daemons import core_daemon, restartable_daemon
+from tests.support.git import git_show
+from tests.support.repos import agent_command, write_core_config
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.skipif(landlock.abi_version() < 1, reason="this kernel offers no Landlock")
 

@@ -23,17 +23,13 @@ from gridd.git.private import MARKER, PrivateRepos
 from gridd.git.worktrees import Worktrees
 from gridd.runs import landlock
 from tests.anthropic_standin import standin, tool
-from tests.helpers import (
-    agent_command,
-    core_daemon,
-    event_log,
-    git_show,
-    restartable_daemon,
-    wait_for,
-    wait_task_status,
-    write_core_config,
-)
 from tests.real_cli import agent_of, claude_profile, needs, start
+from tests.support.api import wait_task_status
+from tests.support.daemons import core_daemon, restartable_daemon
+from tests.support.git import git_show
+from tests.support.repos import agent_command, write_core_config
+from tests.support.sse import event_log
+from tests.support.waits import wait_for
 from tests.test_merge_queue import runs, start_conflict
 
 pytestmark = pytest.mark.skipif(landlock.abi_version() < 1, reason="this kernel offers no Landlock")

@@ -25,18 +25,13 @@ import pytest
 
 from gridd.client import GridClient
 from gridd.runs import egress, landlock
-from tests.helpers import (
-    GRIDCTL,
-    agent_command,
-    core_daemon,
-    event_log,
-    git_show,
-    gridctl,
-    restartable_daemon,
-    wait_for,
-    wait_task_status,
-    write_core_config,
-)
+from tests.support.api import wait_task_status
+from tests.support.cli import GRIDCTL, gridctl
+from tests.support.daemons import core_daemon, restartable_daemon
+from tests.support.git import git_show
+from tests.support.repos import agent_command, write_core_config
+from tests.support.sse import event_log
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.skipif(
     landlock.abi_version() < landlock.NET_ABI,

@@ -24,7 +24,9 @@ from gridd.grid import Grid
 from gridd.model import TaskStatus
 from gridd.plan import Action, Observed, StartTask
 from gridd.specs import PlanSpec, SessionStart, normalise_plan
-from tests.helpers import FAST_SCHEDULER, inprocess_daemon, kill_workspace_agents
+from tests.support.daemons import inprocess_daemon
+from tests.support.processes import kill_workspace_agents
+from tests.support.repos import FAST_SCHEDULER
 
 
 async def _until(predicate: Callable[[], Any], *, what: str, timeout: float = 20) -> None:

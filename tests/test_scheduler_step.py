@@ -6,14 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.helpers import (
-    agent_command,
-    core_daemon,
-    event_log,
-    touch,
-    wait_task_status,
-    write_core_config,
-)
+from tests.support.api import wait_task_status
+from tests.support.daemons import core_daemon
+from tests.support.repos import agent_command, touch, write_core_config
+from tests.support.sse import event_log
 
 
 def test_in_step_mode_only_a_step_starts_work_and_it_answers_with_what_it_did(
@@ -84,7 +80,7 @@ async def test_a_stopping_daemon_starts_no_agent_after_daemon_stopping(repo: Pat
     import httpx
 
     from gridd.grid import Grid
-    from tests.helpers import inprocess_daemon
+    from tests.support.daemons import inprocess_daemon
 
     config = {
         "agents": {"work": {"command": ["sh", "-c", "sleep 30"]}},

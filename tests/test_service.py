@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gridd.cli.service_units import launchd_name, systemd_escape_path
-from tests.helpers import gridctl
+from tests.support.cli import gridctl
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

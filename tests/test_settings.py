@@ -9,7 +9,8 @@ from pydantic import BaseModel
 
 from gridd.errors import ConfigError
 from gridd.settings import Settings, load_settings, parse_settings
-from tests.helpers import run_gridd, write_config
+from tests.support.cli import run_gridd
+from tests.support.repos import write_config
 
 
 def test_missing_config_file_means_documented_defaults(tmp_path: Path) -> None:

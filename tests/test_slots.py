@@ -7,14 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import (
-    event_log,
-    kill9_between_exit_and_commit,
-    restartable_daemon,
-    wait_for,
-    wait_task_status,
-    write_core_config,
-)
+from tests.support.api import wait_task_status
+from tests.support.daemons import kill9_between_exit_and_commit, restartable_daemon
+from tests.support.repos import write_core_config
+from tests.support.sse import event_log
+from tests.support.waits import wait_for
 
 #: Writes its work, then waits for a go file (outside the worktree) and exits 0.
 WAITING_AGENT = (

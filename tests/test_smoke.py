@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from tests.helpers import DaemonProc
+from tests.support.daemons import DaemonProc
 
 
 def test_daemon_answers_health_over_its_socket(daemon: DaemonProc) -> None:

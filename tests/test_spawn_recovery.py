@@ -35,20 +35,11 @@ from gridd.pool.rundirs import new_run
 from gridd.runs.executor import Launch
 from gridd.runs.local import LocalExecutor
 from gridd.runs.starter import SHIM_PATH
-from tests.helpers import (
-    Restartable,
-    agent_command,
-    event_log,
-    read_json_file,
-    restartable_daemon,
-    running_daemon,
-    socket_answers,
-    start_daemon,
-    wait_for,
-    wait_for_events,
-    wait_task_status,
-    write_core_config,
-)
+from tests.support.api import socket_answers, wait_task_status
+from tests.support.daemons import Restartable, restartable_daemon, running_daemon, start_daemon
+from tests.support.repos import agent_command, read_json_file, write_core_config
+from tests.support.sse import event_log, wait_for_events
+from tests.support.waits import wait_for
 
 
 def _config(repo: Path, *, crash: str | None, stop_when_idle: bool = True) -> None:

@@ -19,7 +19,7 @@ from gridd.client import SSEEvent, SSEParser
 from gridd.events import EventBus
 from gridd.grid import Grid
 from gridd.store import Store
-from tests.helpers import inprocess_daemon
+from tests.support.daemons import inprocess_daemon
 
 CHUNK = 64 * 1024
 LIMIT = 256 * 1024

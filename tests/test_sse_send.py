@@ -16,7 +16,7 @@ import pytest
 from gridd.api import sse
 from gridd.client import SSEEvent, SSEParser
 from gridd.grid import Grid
-from tests.helpers import inprocess_daemon
+from tests.support.daemons import inprocess_daemon
 
 
 async def test_a_started_stream_sends_straight_to_the_server_not_through_the_wrappers() -> None:

@@ -10,17 +10,11 @@ import sqlite3
 from pathlib import Path
 
 from gridd.client import GridClient
-from tests.helpers import (
-    DaemonProc,
-    agent_command,
-    core_daemon,
-    event_log,
-    running_daemon,
-    start_daemon,
-    wait_for,
-    wait_task_status,
-    write_core_config,
-)
+from tests.support.api import wait_task_status
+from tests.support.daemons import DaemonProc, core_daemon, running_daemon, start_daemon
+from tests.support.repos import agent_command, write_core_config
+from tests.support.sse import event_log
+from tests.support.waits import wait_for
 
 
 def problems(d: DaemonProc) -> list[dict[str, object]]:

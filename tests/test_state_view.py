@@ -13,7 +13,7 @@ from gridd.lifecycle import move_agent, move_task
 from gridd.model import Agent, AgentStatus, Task, TaskStatus
 from gridd.state import GridState
 from gridd.store import Store
-from tests.helpers import DaemonProc
+from tests.support.daemons import DaemonProc
 
 
 def _state(tmp_path: Path) -> GridState:

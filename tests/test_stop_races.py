@@ -21,14 +21,10 @@ import httpx
 import pytest
 
 from gridd.client import GridClient
-from tests.helpers import (
-    DaemonProc,
-    core_daemon,
-    event_log,
-    read_text_file,
-    wait_for,
-    write_core_config,
-)
+from tests.support.daemons import DaemonProc, core_daemon
+from tests.support.repos import read_text_file, write_core_config
+from tests.support.sse import event_log
+from tests.support.waits import wait_for
 
 #: Writes its work and a ready mark, waits for its go file, exits 0 (SIGTERM ends it early).
 RACER = (

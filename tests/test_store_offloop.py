@@ -24,14 +24,9 @@ import httpx
 import psutil
 import pytest
 
-from tests.helpers import (
-    make_repo,
-    remove_repo,
-    running_daemon,
-    start_daemon,
-    wait_for,
-    write_config,
-)
+from tests.support.daemons import running_daemon, start_daemon
+from tests.support.repos import make_repo, remove_repo, write_config
+from tests.support.waits import wait_for
 
 #: How long the outside process holds the database.
 LOCK_SECONDS = 15.0

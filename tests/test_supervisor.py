@@ -18,7 +18,8 @@ from gridd.grid import Grid
 from gridd.settings import SupervisorSettings
 from gridd.specs import TaskSpec
 from gridd.supervisor import PartState, after_crash
-from tests.helpers import FAST_SCHEDULER, inprocess_daemon
+from tests.support.daemons import inprocess_daemon
+from tests.support.repos import FAST_SCHEDULER
 
 SUPERVISION = {
     "backoff_seconds": 0.05,

@@ -16,21 +16,18 @@ import pytest
 import yaml
 
 from gridd.client import GridClient
-from tests.helpers import (
-    DaemonProc,
+from tests.support.api import scheduler_starts, wait_task_status
+from tests.support.daemons import DaemonProc, core_daemon
+from tests.support.processes import process_gone
+from tests.support.repos import (
     agent_command,
-    core_daemon,
-    event_log,
     make_repo,
-    process_gone,
     read_text_file,
     remove_repo,
-    scheduler_starts,
-    wait_for,
-    wait_for_events,
-    wait_task_status,
     write_core_config,
 )
+from tests.support.sse import event_log, wait_for_events
+from tests.support.waits import wait_for
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from gridd import trust
-from tests.helpers import GRIDD, gridctl, running_daemon, write_config
+from tests.support.cli import GRIDD, gridctl
+from tests.support.daemons import running_daemon
+from tests.support.repos import write_config
 
 
 def _env(state: Path) -> dict[str, str]:

@@ -17,8 +17,11 @@ from pathlib import Path
 import pytest
 
 from gridd.adapters.prices import PRICES
-from tests.helpers import core_daemon, event_log, wait_task_status, write_core_config
 from tests.real_cli import agent_of
+from tests.support.api import wait_task_status
+from tests.support.daemons import core_daemon
+from tests.support.repos import write_core_config
+from tests.support.sse import event_log
 
 TRANSCRIPTS = Path(__file__).parent / "transcripts"
 #: Prints the file named by its first argument; ignores the rest (what extra_args adds).

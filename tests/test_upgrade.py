@@ -10,19 +10,13 @@ import subprocess
 from pathlib import Path
 
 from gridd.cli.upgrade import classify, handover_problem
-from tests.helpers import (
-    GRIDD,
-    agent_command,
-    event_log,
-    gridctl,
-    process_gone,
-    read_json_file,
-    restartable_daemon,
-    touch,
-    wait_for,
-    wait_task_status,
-    write_core_config,
-)
+from tests.support.api import wait_task_status
+from tests.support.cli import GRIDD, gridctl
+from tests.support.daemons import restartable_daemon
+from tests.support.processes import process_gone
+from tests.support.repos import agent_command, read_json_file, touch, write_core_config
+from tests.support.sse import event_log
+from tests.support.waits import wait_for
 
 
 def wait_pid(control: Path, task_id: str) -> int:

@@ -15,7 +15,9 @@ from gridd.grid import Grid
 from gridd.liveness import Limits, assess, next_change
 from gridd.runs.wakeups import Wakeups
 from gridd.specs import PlanSpec, SessionStart, normalise_plan
-from tests.helpers import agent_command, inprocess_daemon, kill_workspace_agents
+from tests.support.daemons import inprocess_daemon
+from tests.support.processes import kill_workspace_agents
+from tests.support.repos import agent_command
 
 
 async def until(predicate: Callable[[], bool], *, timeout: float = 30.0, what: str = "") -> None:

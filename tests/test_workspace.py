@@ -13,20 +13,17 @@ import pytest
 
 from gridd.errors import WorkspaceError
 from gridd.workspace import find_workspace
-from tests.helpers import (
+from tests.support.cli import gridctl, run_gridd
+from tests.support.daemons import core_daemon, running_daemon, stop_workspace
+from tests.support.processes import daemons_serving
+from tests.support.repos import (
     agent_command,
-    core_daemon,
-    daemons_serving,
-    gridctl,
     make_repo,
     read_json_file,
     remove_repo,
-    run_gridd,
-    running_daemon,
-    stop_workspace,
-    wait_for,
     write_core_config,
 )
+from tests.support.waits import wait_for
 
 
 def git(cwd: Path, *args: str) -> None:

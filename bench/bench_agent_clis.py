@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.bench_spawn import GIT_IDENTITY, EventTap, agent_daemon, api, git_env
+from bench.bench_spawn import GIT_IDENTITY, EventTap, agent_daemon, api, git_env, request
 from bench.common import Check, RawHTTP, make_repo, median, remove_repo, result
 from gridd.adapters.registry import get_adapter
 from tests import anthropic_standin, gemini_standin, openai_standin
@@ -152,6 +152,9 @@ def _gridd_run(setup: Setup, sock: Path, tap: EventTap, task: str) -> float:
     with RawHTTP(sock) as http:
         started = time.monotonic()
         api(http, "POST", "/tasks", {"id": task, "title": task, "prompt": PROMPT})
+        # The session ends when its tasks are done: start it (409 task_working if the
+        # running session has started it already: fine).
+        request(http, "POST", f"/tasks/{task}/start")
     arrived, event = tap.expect(lambda e: e.data.get("taskId") == task, timeout=180)
     if event.type != "agent.completed":
         raise RuntimeError(f"{task} under gridd: {event.type} {event.data}")

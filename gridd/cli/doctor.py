@@ -27,13 +27,14 @@ from gridd.cli.doctor_checks import (
     check_git,
     check_grid_dir,
     check_sandbox,
+    check_seatbelt,
     check_socket,
     check_trust,
 )
 from gridd.client import GridClient
 from gridd.errors import GriddError
 from gridd.lockholder import describe, flock_holder
-from gridd.runs import landlock
+from gridd.runs import landlock, seatbelt
 from gridd.settings import Settings, builtin_profiles, load_settings
 from gridd.workspace import Workspace, find_workspace
 
@@ -230,7 +231,11 @@ def run_checks(ws: Workspace, environ: dict[str, str]) -> list[Check]:
         abi = landlock.usable_abi(settings.daemon.landlock_abi)
         networks = {n: p.sandbox.network for n, p in settings.profiles().items()}
         fenced: dict[str, str] = {n: net for n, net in networks.items() if net != "allow"}
-        checks.append(check_sandbox(sandboxed_profiles(settings), abi, fenced))
+        if seatbelt.applies():
+            why = seatbelt.unavailable("workspace")
+            checks.append(check_seatbelt(sandboxed_profiles(settings), why))
+        else:
+            checks.append(check_sandbox(sandboxed_profiles(settings), abi, fenced))
     checks.append(check_trust(ws.root, ws.config_path, environ))
     checks.append(check_grid_dir(ws.grid_dir, os.getuid()))
     checks.append(check_links(ws))

@@ -267,6 +267,22 @@ def check_trust(root: Path, config: Path, environ: dict[str, str]) -> Check:
     )
 
 
+def check_seatbelt(modes: dict[str, str], why: str | None) -> Check:
+    """macOS: the sandbox is Seatbelt's (``sandbox-exec``; ``why``: why it is missing)."""
+    asked = ", ".join(f"{name} ({mode})" for name, mode in sorted(modes.items()))
+    if why is None:
+        detail = "macOS: sandbox-exec enforces the sandbox (untested by gridd's suite)"
+        return Check("sandbox", "ok", detail + (f"; sandboxed: {asked}" if asked else ""))
+    if not modes:
+        return Check("sandbox", "ok", f"{why}: every run here is unconfined")
+    return Check(
+        "sandbox",
+        "fail",
+        f"{why}: runs of {asked} will not start (sandbox_unavailable)",
+        'set [agents.<name>.sandbox] mode = "off"',
+    )
+
+
 def check_sandbox(modes: dict[str, str], abi: int, networks: dict[str, str] | None = None) -> Check:
     """What sandboxes this machine can enforce (Landlock's ABI), against the profiles that
     ask for one (``modes``: profile -> sandbox mode, ``off`` ones left out; ``networks``:

@@ -87,7 +87,8 @@ def sandbox_section(abi: int) -> str:
         about
         + "# Off here: this machine has no Landlock (Linux 5.13 or newer, with landlock in the\n"
         "# kernel's lsm= list), and a sandbox it cannot enforce would stop every Claude run\n"
-        "# from starting. On a machine that has it, uncomment these lines.\n"
+        "# from starting. On a machine that has it, uncomment these lines. On macOS gridd\n"
+        "# enforces them with sandbox-exec instead, untested so far: uncomment them to try.\n"
         + "".join(f"# {line}\n" for line in SANDBOX.splitlines())
     )
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gridd.errors import GriddError
 from gridd.model import Agent
-from gridd.runs import landlock
+from gridd.runs import landlock, seatbelt
 from gridd.runs.executor import AgentHandle, Launch
 from gridd.runs.process import AgentProcess, ShimStarter, fence_run
 
@@ -59,7 +59,10 @@ class LocalExecutor:
         if launch.sandbox is not None:
             abi = self.sandbox_abi()
             box = launch.sandbox
-            why = landlock.unavailable(box.mode, abi, box.network)
+            if seatbelt.applies():  # macOS: sandbox-exec, whatever the network policy
+                why = seatbelt.unavailable(box.mode, box.network)
+            else:
+                why = landlock.unavailable(box.mode, abi, box.network)
             if why is not None:
                 undo = 'network = "allow"' if abi >= landlock.MIN_ABI else 'mode = "off"'
                 raise GriddError(

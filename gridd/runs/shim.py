@@ -299,28 +299,33 @@ def exec_failure(command: str, exc: OSError, *, search_path: str) -> str:
     return f"{shown}: {exc.strerror}"
 
 
-def _landlock():  # type: ignore[no-untyped-def]  # (no typing import at start-up)
-    """The sandbox module beside us (``landlock.py``, stdlib-only like the shim), loaded
-    only for a sandboxed run: as ``gridd.runs.landlock`` when we are imported, from our
-    own directory when we run as a script (``-I -S``: nothing of gridd's is on the path)."""
+def _sandboxing(name: str):  # type: ignore[no-untyped-def]  # (no typing import at start-up)
+    """A sandbox module beside us (``landlock.py`` on Linux, ``seatbelt.py`` on macOS;
+    stdlib-only like the shim), loaded only for a sandboxed run: as ``gridd.runs.<name>``
+    when we are imported, from our own directory when we run as a script (``-I -S``:
+    nothing of gridd's is on the path)."""
     if __package__:
-        from gridd.runs import landlock
-
-        return landlock
+        return __import__(f"gridd.runs.{name}", fromlist=[name])
     here = os.path.dirname(os.path.abspath(__file__))
     if here not in sys.path:
         sys.path.append(here)
-    return __import__("landlock")
+    return __import__(name)
 
 
 def _spawn(spec: dict[str, object], stdin: int, out: int) -> int:
     """fork + exec in a new session; an exec failure comes back as ``ExecFailed``. A run
     with a ``sandbox`` is bound to it in the child, just before ``exec``: a kernel that
-    cannot enforce it fails the start (``landlock.SandboxUnavailable``), never unconfined."""
+    cannot enforce it fails the start (``landlock.SandboxUnavailable``), never unconfined.
+    On macOS the agent is executed through ``sandbox-exec`` with the sandbox's profile
+    (``seatbelt.command``), which applies it at that ``exec``."""
     argv = [str(a) for a in spec["argv"]]  # type: ignore[attr-defined]
     env = {str(k): str(v) for k, v in spec["env"].items()}  # type: ignore[attr-defined]
     sandbox = spec.get("sandbox")
-    landlock = _landlock() if sandbox else None  # type: ignore[no-untyped-call]
+    landlock = None
+    if sandbox and sys.platform == "darwin":
+        argv = _sandboxing("seatbelt").command(sandbox, argv)
+    elif sandbox:
+        landlock = _sandboxing("landlock")
     err_r, err_w = os.pipe()
     os.set_inheritable(err_w, False)
     fcntl.fcntl(err_w, fcntl.F_SETFD, fcntl.FD_CLOEXEC)

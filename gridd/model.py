@@ -153,7 +153,9 @@ class Agent(WireModel):
     # None: no sandbox (mode off).
     sandbox: dict[str, Any] | None = None
     # Where the run executes (docs/executors.md): None on this machine; in a box, the
-    # engine and the box's name, e.g. {"kind": "podman", "box": "grid-1a2b3c4d-a12"}.
+    # engine and the box's name, e.g. {"kind": "podman", "box": "grid-1a2b3c4d-a12"}, and
+    # once it runs its ``node`` (kubernetes: the pod's spec.nodeName; podman: this host)
+    # and, where the box is a Job, its ``pod``.
     executor: dict[str, str] | None = None
     # Why a run in a box ended, when its engine knows and it was not the agent's doing
     # (docs/executors.md): oom_killed, deadline_exceeded, evicted, node_lost, box_gone.

@@ -43,6 +43,8 @@ import kmock
 T = TypeVar("T")
 JOBS = "batch/v1/jobs"
 PODS = "v1/pods"
+#: The node the stand-in scheduler binds every pod to (``spec.nodeName``).
+NODE = "standin-node-1"
 V5, V4 = "v5.channel.k8s.io", "v4.channel.k8s.io"
 
 
@@ -156,7 +158,8 @@ class Cluster(kmock.KubernetesEmulator):  # type: ignore[misc]
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": pod.name, "namespace": pod.namespace, "labels": pod.labels},
-            "spec": spec,
+            # Bound to the stand-in's one node once it runs, as a scheduler would.
+            "spec": spec if status.get("phase") == "Pending" else {**spec, "nodeName": NODE},
             "status": _complete(status),
         }
 

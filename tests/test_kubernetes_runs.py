@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
+from gridd.cli.render import agents_table
+from gridd.client import AsyncGridClient
 from gridd.errors import Conflict, GriddError
 from gridd.grid import Grid
 from gridd.model import TaskStatus
@@ -26,7 +29,7 @@ from gridd.runs.boxes import BoxError, BoxGone
 from gridd.runs.kubernetes import KubernetesEngine, exit_reason, job_manifest, k8s_name
 from gridd.runs.remote import RemoteExecutor
 from gridd.settings import KubernetesSettings
-from tests.kube_standin import FakeCluster
+from tests.kube_standin import NODE, FakeCluster
 from tests.support.daemons import inprocess_daemon
 from tests.support.git import git_show
 from tests.support.processes import kill_workspace_agents
@@ -272,6 +275,39 @@ async def test_a_kubernetes_run_takes_answers_and_its_branch_comes_back(
             assert (run_dir / "output.log").read_text() == "ready for a line\ngot a line\n"
             await until(lambda: cluster.jobs() == {}, what="the Job deleted")
             await until(lambda: cluster.pods() == {}, what="its pod collected with it")
+    finally:
+        kill_workspace_agents(repo)
+
+
+async def test_where_a_kubernetes_run_executes_names_its_job_pod_and_node(
+    repo: Path, cluster: FakeCluster
+) -> None:
+    """``/agents/{id}`` and ``gridctl agents`` name the executor, the Job (the box), its
+    pod and the node the scheduler bound it to (``spec.nodeName``)."""
+    try:
+        async with inprocess_daemon(
+            repo, config(reader=agent_command("read_line.py")), executor=executor(repo, cluster)
+        ) as daemon:
+            grid: Grid = daemon.grid
+            start_tasks(grid, {"id": "where", "title": "read a line"})
+            await first_line(grid, "ready for a line", what="the pod's agent's first line")
+            [agent] = grid.state.agents.values()
+            [pod] = cluster.pods().values()
+            async with AsyncGridClient(daemon.sock) as c:
+                shown = await c.get(f"/agents/{agent.id}")
+            assert shown["executor"] == {
+                "kind": "kubernetes",
+                "box": agent.executor["box"],  # type: ignore[index]
+                "pod": pod["metadata"]["name"],
+                "node": NODE,
+            }
+            console = Console(width=300, record=True, highlight=False)
+            console.print(agents_table([grid.state.agents[agent.id]]))
+            assert f"pod {pod['metadata']['name']} on {NODE}" in console.export_text()
+            grid.commands.respond(agent.id, "done")
+            await until(
+                lambda: grid.state.tasks["where"].status == TaskStatus.REVIEW, what="review"
+            )
     finally:
         kill_workspace_agents(repo)
 

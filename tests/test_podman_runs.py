@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -114,7 +115,9 @@ def test_a_podman_run_takes_answers_and_its_branch_is_merged_back(
         labels = box["Labels"]
         assert isinstance(labels, dict) and labels["grid.run"] == agent["id"]
         shown = c.get(f"/agents/{agent['id']}")
-        assert shown["executor"] == {"kind": "podman", "box": box["Names"][0]}  # type: ignore[index]
+        # Where it runs: the container (the box) on this machine.
+        where = {"kind": "podman", "box": box["Names"][0], "node": socket.gethostname()}  # type: ignore[index]
+        assert shown["executor"] == where
         c.post(f"/agents/{agent['id']}/respond", {"response": "from the host"})
         wait_task_status(c, "boxed", "review", timeout=60)
         assert git_show(repo, "grid/boxed:answer.txt") == "from the host\n"

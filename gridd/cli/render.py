@@ -496,7 +496,12 @@ def agents_table(
 def _runs_in(agent: Agent) -> str:
     """Where the run executes: "local", or the engine and its box (docs/executors.md)."""
     where = agent.executor
-    return "local" if not where else f"{where.get('kind', '?')} {where.get('box', '')}".strip()
+    if not where:
+        return "local"
+    shown = f"{where.get('kind', '?')} {where.get('box', '')}".strip()
+    if where.get("pod"):
+        shown += f" pod {where['pod']}"
+    return shown + (f" on {where['node']}" if where.get("node") else "")
 
 
 def _question_wait(question: Question, *, now: datetime | None = None) -> str:

@@ -411,6 +411,7 @@ class Spawner:
             create_time=handle.create_time,
             shim_pid=handle.shim_pid,
             shim_create_time=handle.shim_create_time,
+            **({"executor": {**agent.executor, **handle.where}} if agent.executor else {}),
         )
         self.ctx.bus.publish(
             "agent.spawned",

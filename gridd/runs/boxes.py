@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -81,6 +82,10 @@ class Engine(Protocol):
 
     def info(self, name: str) -> BoxInfo | None: ...
 
+    def where(self, name: str) -> dict[str, str]:
+        """Where the created box runs, shown beside the engine and the box's name
+        (``Agent.executor``): its ``node``, and its ``pod`` where that is not the box."""
+
     def remove(self, name: str) -> None:
         """Remove the box and all in it (nothing when it is not there)."""
 
@@ -98,6 +103,9 @@ class DirectoryBoxes:
 
     def _dir(self, name: str) -> Path:
         return self.base / name
+
+    def where(self, name: str) -> dict[str, str]:
+        return {"node": socket.gethostname()}
 
     def create(
         self,

@@ -76,6 +76,9 @@ class AgentHandle(Protocol):
     create_time: float | None
     shim_pid: int | None
     shim_create_time: float | None
+    #: Where a run in a box was placed once it started (``Engine.where``: its node, its
+    #: pod); empty on this machine.
+    where: dict[str, str]
 
     def exit_status(self) -> ExitStatus | None: ...
 

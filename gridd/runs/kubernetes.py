@@ -235,6 +235,7 @@ class KubernetesEngine:
         self._client = client
         self._client_lock = threading.Lock()
         self._pods: dict[str, str] = {}  # box -> its pod's name, once known
+        self._nodes: dict[str, str] = {}  # box -> its pod's node, once scheduled
         #: API requests made, by verb (the benchmark's count).
         self.requests: dict[str, int] = {}
 
@@ -299,6 +300,9 @@ class KubernetesEngine:
             pod = self._find_pod(name)
             phase = ((pod or {}).get("status") or {}).get("phase")
             if phase == "Running":
+                node = ((pod or {}).get("spec") or {}).get("nodeName")
+                if node:
+                    self._nodes[name] = str(node)
                 return str(pod["metadata"]["name"])  # type: ignore[index]
             if phase in ("Succeeded", "Failed"):
                 raise self._gone(name)
@@ -415,6 +419,12 @@ class KubernetesEngine:
             job, pod = None, None
         reason, message = exit_reason(job, [pod] if pod else [])
         return BoxGone(message, details={"box": name, "reason": reason})
+
+    def where(self, name: str) -> dict[str, str]:
+        """The Job's pod and the node the scheduler put it on (``spec.nodeName``), as seen
+        when it started to run; nothing of either not seen."""
+        place = {"pod": self._pods.get(name), "node": self._nodes.get(name)}
+        return {k: v for k, v in place.items() if v}
 
     def find(self, labels: dict[str, str]) -> list[BoxInfo]:
         wanted = {k: _label_value(v) for k, v in labels.items()}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 import subprocess
 import tarfile
 import threading
@@ -152,6 +153,10 @@ class PodmanEngine:
         state = row.get("State") or {}
         labels = (row.get("Config") or {}).get("Labels") or {}
         return BoxInfo(name, bool(state.get("Running")), labels)
+
+    def where(self, name: str) -> dict[str, str]:
+        """The container is the box; its node is this machine."""
+        return {"node": socket.gethostname()}
 
     def remove(self, name: str) -> None:
         try:

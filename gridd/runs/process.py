@@ -182,6 +182,7 @@ class AgentProcess:
         self.create_time = create_time
         self.shim_pid = shim_pid
         self.shim_create_time = shim_create_time
+        self.where: dict[str, str] = {}
 
     @classmethod
     async def spawn(

@@ -77,6 +77,7 @@ class RemoteHandle:
         self.mirror = mirror
         self.run_dir = mirror.run_dir
         self._wake = wake  # the mirror's thread, to put a queued message in at once
+        self.where: dict[str, str] = {}
         self.pid: int | None = None
         self.create_time: float | None = None
         self._pick_up()
@@ -245,6 +246,7 @@ class RemoteExecutor:
             )
         mirror = await asyncio.to_thread(self._create, launch)
         handle = RemoteHandle(mirror, self._wake.set)
+        handle.where = self.engine.where(mirror.box)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.spawn_timeout
         while handle.pid is None and handle.exit_status() is None:

@@ -22,15 +22,12 @@ import pytest
 
 from gridd.runs.image import default_cache_dir, ensure_image
 from tests.anthropic_standin import StandIn, standin, tool
-from tests.helpers import (
-    core_daemon,
-    git_show,
-    wait_for,
-    wait_pending_question,
-    wait_task_status,
-    write_core_config,
-)
 from tests.real_cli import agent_of, claude_profile, clis_root, needs, shown_on_failure, start
+from tests.support.api import wait_pending_question, wait_task_status
+from tests.support.daemons import core_daemon
+from tests.support.git import git_show
+from tests.support.repos import write_core_config
+from tests.support.waits import wait_for
 
 MISSING = [name for name in ("podman", "runc", "mmdebstrap") if shutil.which(name) is None]
 pytestmark = [

@@ -149,6 +149,9 @@ def test_a_whole_sandboxed_claude_task_resumes_its_session_after_a_rate_limit(
     assert second["id"] != first["id"] and second["exitCode"] == 0, second
     assert epoch(second["startedAt"]) >= float(parked.data["resetsAt"])
     argv = spec_argv(second)
+    # The same attempt, resumed: without its session in ~/.claude the --resume run finds
+    # none and fails, and the task starts over as a second attempt, from nothing.
+    assert task["attempts"] == 1, task
     assert "--resume" in argv, f"no session in ~/.claude to resume: {argv}"
     assert argv[argv.index("--resume") + 1] == first["sessionId"]
     # The work: written, run (failing), edited, run again (passing), committed by the

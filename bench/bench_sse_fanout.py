@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -111,8 +112,8 @@ async def _baseline(n: int, subscribers: int, queue_size: int) -> dict[str, Any]
 @contextlib.asynccontextmanager
 async def _serving() -> AsyncIterator[Any]:
     """gridd's real Grid and app on a real uvicorn over a fresh workspace; yields the Grid."""
+    from gridd.compose import compose
     from gridd.daemon import bind_socket, build_server
-    from gridd.grid import Grid
     from gridd.settings import Settings
     from gridd.store import Store
     from gridd.workspace import Workspace
@@ -122,7 +123,7 @@ async def _serving() -> AsyncIterator[Any]:
     ws.ensure_grid_dir()
     settings = Settings()
     store = Store.open(ws.db_path)
-    grid = Grid(workspace=ws, settings=settings, store=store)
+    grid = compose(workspace=ws, settings=settings, store=store, environ=os.environ)
     server: Any = None
     server_task: asyncio.Task[None] | None = None
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,7 +21,7 @@ async def busy_grid(
     """``(grid, timings)``: a started Grid holding ``plan`` with ``max_agents`` idle agents
     (``sleep 300``) running, and how long validating and creating the plan took; stopped,
     cleaned up and its repository removed afterwards."""
-    from gridd.grid import Grid
+    from gridd.compose import compose
     from gridd.settings import AgentProfile, SchedulerSettings, Settings
     from gridd.specs import PlanSpec, SessionStart, normalise_plan
     from gridd.store import Store
@@ -34,7 +35,7 @@ async def busy_grid(
         scheduler=SchedulerSettings(default_agent="idle"),
     )
     store = Store.open(ws.db_path)
-    grid = Grid(workspace=ws, settings=settings, store=store)
+    grid = compose(workspace=ws, settings=settings, store=store, environ=os.environ)
     try:
         await grid.start()
         started = time.perf_counter()

@@ -14,15 +14,17 @@ from collections.abc import Coroutine
 from typing import Any
 
 from gridd.settings import SupervisorSettings
-from gridd.supervisor import Factory, Supervisor
+from gridd.supervisor import Announce, Factory, Supervisor
 
 log = logging.getLogger(__name__)
 
 
 class Background:
-    def __init__(self, supervision: SupervisorSettings | None = None) -> None:
+    def __init__(
+        self, supervision: SupervisorSettings | None = None, *, announce: Announce | None = None
+    ) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.supervisor = Supervisor(self, supervision)
+        self.supervisor = Supervisor(self, supervision, announce=announce)
 
     def spawn(self, name: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=name)

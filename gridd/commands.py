@@ -76,6 +76,7 @@ class Commands:
         root: Path,
         worktrees: Worktrees,
         ask_sources: Callable[[str], Awaitable[bool]] | None = None,
+        merge_answers: Callable[[Question, str], None] | None = None,
     ) -> None:
         self.root = root
         #: Held by the merge queue while it decides a merging task's fate (a merge landing).
@@ -85,8 +86,8 @@ class Commands:
         self.ask_sources = ask_sources
         self._session_lock = asyncio.Lock()
         self._approve_lock = asyncio.Lock()
-        #: Delivers a human's answer to a merge question (set by the composition root).
-        self.merge_answers: Callable[[Question, str], None] | None = None
+        #: Delivers a human's answer to a merge question to the policy that asked it.
+        self.merge_answers = merge_answers
         self.settings = settings
         self.state = state
         self.pool = pool

@@ -24,7 +24,7 @@ import socket
 import stat
 import sys
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from pathlib import Path
 
 from uvicorn.config import Config
@@ -34,6 +34,7 @@ from gridd import diskfault, lean, lockholder, trust
 from gridd.adapters.registry import get_adapter
 from gridd.api import create_app
 from gridd.api.protocol import ConnectionGate, gridd_protocol
+from gridd.compose import compose
 from gridd.errors import AlreadyRunning, ConfigError, GriddError, WorkspaceError
 from gridd.git.merge import PauseSeam
 from gridd.grid import Grid
@@ -241,12 +242,13 @@ class _Server(Server):
         config: Config,
         *,
         on_started: Callable[[], None],
+        on_signal: Callable[[int], None],
         handle_signals: bool = True,
     ) -> None:
         super().__init__(config)
         self._on_started = on_started
         self._handle_signals = handle_signals
-        self.on_signal: Callable[[int], None] = lambda sig: None
+        self.on_signal = on_signal
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -313,13 +315,17 @@ def build_server(
         timeout_graceful_shutdown=grid.settings.daemon.shutdown_timeout_seconds,  # type: ignore[arg-type]
         timeout_keep_alive=30,
     )
-    server = _Server(config, on_started=on_started, handle_signals=handle_signals)
+    server = _Server(
+        config,
+        on_started=on_started,
+        on_signal=lambda sig: grid.request_shutdown(),
+        handle_signals=handle_signals,
+    )
 
     def stop_serving() -> None:
         server.should_exit = True
 
     grid.on_shutdown_request(stop_serving)
-    server.on_signal = lambda sig: grid.request_shutdown()
     return server
 
 
@@ -329,9 +335,12 @@ async def serve(
     store: Store,
     sock: socket.socket,
     *,
+    environ: Mapping[str, str],
     merge_pause: PauseSeam | None = None,
 ) -> None:
-    grid = Grid(workspace=ws, settings=settings, store=store, merge_pause=merge_pause)
+    grid = compose(
+        workspace=ws, settings=settings, store=store, environ=environ, merge_pause=merge_pause
+    )
 
     def started() -> None:
         _write_pid_file(ws.pid_path)
@@ -399,9 +408,12 @@ def run(workspace: Path | None = None) -> int:
         sock = bind_socket(ws.socket_path)
         sock_inode = os.stat(ws.socket_path).st_ino
         use_pidfd_child_watcher()
-        pause = os.environ.get("GRIDD_TEST_MERGE_PAUSE")  # a test seam: see git/merge.py
+        # The one read of the environment: handed down to whatever passes it on (agents'
+        # environment, notification commands' PATH, the executors).
+        environ = os.environ
+        pause = environ.get("GRIDD_TEST_MERGE_PAUSE")  # a test seam: see git/merge.py
         merge_pause = PauseSeam(Path(pause)) if pause else None
-        asyncio.run(serve(ws, settings, store, sock, merge_pause=merge_pause))
+        asyncio.run(serve(ws, settings, store, sock, environ=environ, merge_pause=merge_pause))
         return 0
     except GriddError as exc:
         if logging_ready:

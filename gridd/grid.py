@@ -22,19 +22,18 @@ from gridd.diskfault import DISK_PART, DiskFault
 from gridd.errors import GriddError
 from gridd.events import EventBus
 from gridd.finish import Finisher
-from gridd.git import radar
-from gridd.git.merge import MergeQueue, PauseSeam
+from gridd.git.merge import MergeQueue
 from gridd.git.on_conflict import ConflictPolicy
 from gridd.git.prepared import PreparedWorktrees
 from gridd.git.private import PrivateRepos
 from gridd.git.radar import Radar
-from gridd.git.unresolved import UNRESOLVED_QUESTION, Unresolved
+from gridd.git.unresolved import Unresolved
 from gridd.git.worktrees import Worktrees
 from gridd.metrics.daemon import DaemonMetrics
+from gridd.metrics.feed import EventCounter
 from gridd.model import (
     DaemonInfo,
     Health,
-    Question,
     RepoState,
     TaskStatus,
     VersionInfo,
@@ -46,7 +45,6 @@ from gridd.pool import AgentPool
 from gridd.questions import QuestionBook
 from gridd.recovery import recover
 from gridd.runs.executor import Executor
-from gridd.runs.executors import build_executor
 from gridd.scheduler import Scheduler
 from gridd.settings import Settings
 from gridd.sources.beads import SOURCE as BEADS
@@ -66,154 +64,69 @@ TERMINAL_OK = frozenset({TaskStatus.DONE, TaskStatus.CANCELLED})
 
 
 class Grid:
+    """The service's façade: the parts ``compose`` built, started and stopped in order, and
+    the views the API serves (health, version, the state). It builds nothing itself."""
+
     def __init__(
         self,
         *,
         workspace: Workspace,
         settings: Settings,
         store: Store,
-        executor: Executor | None = None,
-        merge_pause: PauseSeam | None = None,
+        bus: EventBus,
+        background: Background,
+        disk: DiskFault,
+        state: GridState,
+        worktrees: Worktrees,
+        private: PrivateRepos,
+        questions: QuestionBook,
+        executor: Executor,
+        pool: AgentPool,
+        unresolved: Unresolved,
+        finisher: Finisher,
+        events: EventCounter,
+        scheduler: Scheduler,
+        beads: BeadsSource,
+        notifier: Notifier,
+        conflicts: ConflictPolicy,
+        merges: MergeQueue,
+        commands: Commands,
+        prepared: PreparedWorktrees,
+        radar: Radar,
     ) -> None:
         self.workspace = workspace
         self.settings = settings
         self.store = store
-        self.bus = EventBus(
-            store,
-            queue_size=settings.events.subscriber_queue,
-            queue_bytes=settings.events.subscriber_bytes,
-            total_bytes=settings.events.total_bytes,
-            stall_seconds=settings.events.stall_seconds,
-        )
-        self.background = Background(settings.supervisor)
-        self.supervisor = self.background.supervisor
-        self.supervisor.announce = self._announce
-        self._store_degraded = False
-        self._beads_on = False  # known at start: whether beads feeds tasks
+        self.bus = bus
+        self.background = background
+        self.supervisor = background.supervisor
         #: Whether ``.grid/`` takes writes (a full or read-only disk pauses starts).
-        self.disk = DiskFault(workspace.grid_dir, announce=self.supervisor.announce_safely)
+        self.disk = disk
+        self.state = state
+        self.worktrees = worktrees
+        #: Sandboxed runs' own repositories in their worktrees (git/private.py).
+        self.private = private
+        self.questions = questions
+        #: Starts, signals and reattaches agents: here or in boxes (runs/executors.py).
+        self.executor = executor
+        self.pool = pool
+        self.unresolved = unresolved
+        self.finisher = finisher
+        self.scheduler = scheduler
+        self.beads = beads
+        self.notifier = notifier
+        self.conflicts = conflicts
+        self.merges = merges
+        self.commands = commands
+        self.prepared = prepared
+        self.radar = radar
+        #: Reads this façade's parts at scrape time (a ``MetricsSource``).
+        self.metrics = DaemonMetrics(self, events=events)
+        self._store_degraded = False
         self.started_at = utcnow()
         self._started_mono = time.monotonic()
         self.warnings: list[str] = []
         self._shutdown_callback: Callable[[], None] | None = None
-        self.state = GridState(store, self.bus)
-        self.worktrees = Worktrees(workspace.root, workspace.worktrees_dir)
-        #: Sandboxed runs' own repositories in their worktrees (git/private.py).
-        self.private = PrivateRepos(self.worktrees)
-        self.questions = QuestionBook(store=store, state=self.state, bus=self.bus)
-        #: Starts, signals and reattaches agents: here or in boxes (runs/executors.py).
-        self.executor: Executor = executor or build_executor(
-            workspace, settings, environ=os.environ
-        )
-        self.pool = AgentPool(
-            workspace=workspace,
-            settings=settings,
-            state=self.state,
-            bus=self.bus,
-            worktrees=self.worktrees,
-            private=self.private,
-            background=self.background,
-            questions=self.questions,
-            executor=self.executor,
-            environ=os.environ,
-            disk=self.disk,
-        )
-        self.unresolved = Unresolved(
-            settings=settings.merge,
-            state=self.state,
-            bus=self.bus,
-            worktrees=self.worktrees,
-            questions=self.questions,
-        )
-        self.finisher = Finisher(
-            settings=settings,
-            state=self.state,
-            bus=self.bus,
-            roster=self.pool.roster,
-            profiles=self.pool.profiles,
-            worktrees=self.worktrees,
-            private=self.private,
-            questions=self.questions,
-            unresolved=self.unresolved,
-        )
-        self.metrics = DaemonMetrics(self)
-        self.pool.on_exit = self.metrics.events.timed_exit(self.finisher.finish)
-        self.scheduler = Scheduler(
-            workspace=workspace,
-            settings=settings,
-            state=self.state,
-            bus=self.bus,
-            pool=self.pool,
-            background=self.background,
-            disk=self.disk,
-        )
-        self.beads = BeadsSource(
-            workspace=workspace,
-            settings=settings.beads,
-            state=self.state,
-            bus=self.bus,
-            background=self.background,
-            default_agent=settings.beads.default_agent,
-        )
-        self.notifier = Notifier(
-            settings.notifications,
-            bus=self.bus,
-            background=self.background,
-            workspace_root=workspace.root,
-            path=os.environ.get("PATH", os.defpath),
-            all_done=self._all_tasks_done,
-        )
-        self.conflicts = ConflictPolicy(
-            settings=settings.merge,
-            state=self.state,
-            bus=self.bus,
-            worktrees=self.worktrees,
-            questions=self.questions,
-        )
-        self.merges = MergeQueue(
-            settings=settings.merge,
-            state=self.state,
-            bus=self.bus,
-            worktrees=self.worktrees,
-            integration_dir=workspace.grid_dir / "integration",
-            policy=self.conflicts,
-            background=self.background,
-            pause=merge_pause,
-        )
-        self.commands = Commands(
-            settings=settings,
-            state=self.state,
-            pool=self.pool,
-            scheduler=self.scheduler,
-            questions=self.questions,
-            merge_gate=self.merges.gate,
-            root=workspace.root,
-            worktrees=self.worktrees,
-            ask_sources=self._ask_sources,
-        )
-        self.commands.merge_answers = self._merge_answer
-        # Beads become tasks through the same commands (and checks) as POST /tasks.
-        self.beads.create = lambda fields: self.commands.create_from_source(fields, source=BEADS)
-        self.prepared = PreparedWorktrees(
-            state=self.state,
-            worktrees=self.worktrees,
-            background=self.background,
-            ahead=settings.scheduler.prepare_ahead,
-            busy=lambda: self.pool.starting | self.pool.finishing,
-        )
-        self.pool.spawner.prepared = self.prepared
-        self.radar = Radar(
-            state=self.state,
-            bus=self.bus,
-            root=workspace.root,
-            background=self.background,
-            period=settings.merge.radar_seconds,
-            looks_per_second=settings.merge.radar_looks_per_second,
-        )
-        if settings.merge.hold_overlapping:
-            self.scheduler.held = lambda: radar.held(
-                self.state.tasks.values(), self.radar.changed()
-            )
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -232,7 +145,7 @@ class Grid:
         self.bus.publish("daemon.started", {"pid": os.getpid(), "version": __version__})
         await self.worktrees.setup()
         self.workspace.runs_dir.mkdir(mode=0o700, exist_ok=True)
-        beads = self._beads_on = self.beads.enabled()
+        beads = self.beads.enabled()
         if beads:  # before recovery: a run reattached with its claim unanswered asks again
             self.pool.claimers[BEADS] = self.beads.claim
         await recover(
@@ -243,9 +156,8 @@ class Grid:
             bus=self.bus,
         )
         self.executor.start()
-        if beads:
-            self.scheduler.more_work_may_arrive = True
-            self.beads.start()
+        if beads:  # the scheduler then never stops a session as idle
+            self.beads.start(lambda fields: self.commands.create_from_source(fields, source=BEADS))
         self.notifier.start()
         self.background.supervise("event-log-pruner", self._prune_loop)
         # "store-watch": the part's name in /health and the docs, kept.
@@ -268,21 +180,6 @@ class Grid:
             await asyncio.wait_for(self.beads.first_sync.wait(), bound)
         except TimeoutError:
             log.warning("beads: no answer from 'bd ready' within %gs; serving without it", bound)
-
-    async def _ask_sources(self, task_id: str) -> bool:
-        """Whether a task source (beads) holds ``task_id``, asked now."""
-        return self._beads_on and await self.beads.ask(task_id)
-
-    def _merge_answer(self, question: Question, response: str) -> None:
-        unresolved = question.type == UNRESOLVED_QUESTION
-        self.background.spawn(
-            f"merge-answer:{question.task_id}",
-            (self.unresolved if unresolved else self.conflicts).answered(question, response),
-        )
-
-    def _all_tasks_done(self) -> bool:
-        tasks = self.state.tasks.values()
-        return bool(tasks) and all(t.status in TERMINAL_OK for t in tasks)
 
     async def stop(self) -> None:
         """End live streams and background work; the caller closes the store afterwards."""
@@ -398,7 +295,7 @@ class Grid:
             tuple(paused.items()) if paused else (),
             self.store.write_error,
             self.store.slow_reason(),
-            self.beads.problem() if self._beads_on else None,
+            self.beads.problem() if self.beads.running else None,
             self.disk.reason,
         )
 
@@ -420,7 +317,7 @@ class Grid:
         if slow is not None:  # writes wait (kept in memory meanwhile); not down
             degraded = sorted({*degraded, STORE_PART})
             warnings.append(slow)
-        source = self.beads.problem() if self._beads_on else None
+        source = self.beads.problem() if self.beads.running else None
         if source is not None:  # a task source out of step: served, but said
             degraded = sorted([*degraded, BEADS])
             warnings.append(source)
@@ -437,11 +334,6 @@ class Grid:
             parts=supervisor.states(),
             core_down=core_down,
         )
-
-    def _announce(self, kind: str, data: dict[str, object]) -> None:
-        """The supervisor's ``daemon.degraded`` / ``daemon.recovered`` (a full disk raises
-        ``StoreError`` here; the supervisor logs it and restarts the part regardless)."""
-        self.bus.publish(kind, dict(data))
 
     def version(self) -> VersionInfo:
         return VersionInfo(
@@ -500,3 +392,9 @@ class Grid:
             b'"mergeTrain":' + (dump(train) if (train := self.merges.train) else b"null") + b"}",
         ]
         return b",".join(parts)
+
+
+def all_tasks_done(state: GridState) -> bool:
+    """Every task done or cancelled (the notifier's ``all_done``)."""
+    tasks = state.tasks.values()
+    return bool(tasks) and all(t.status in TERMINAL_OK for t in tasks)

@@ -92,6 +92,8 @@ class Scheduler:
         pool: AgentPool,
         background: Background,
         disk: DiskFault,
+        held: Callable[[], frozenset[str]] | None = None,
+        more_work_may_arrive: Callable[[], bool] = lambda: False,
     ) -> None:
         self.ws = workspace
         self.settings = settings
@@ -107,10 +109,10 @@ class Scheduler:
         self._deadlines_key: tuple[object, ...] | None = None
         self._deadlines_cache: list[tuple[float, str]] = []
         #: True when tasks can appear on their own (beads): never stop a session as idle.
-        self.more_work_may_arrive = False
+        self.more_work_may_arrive = more_work_may_arrive
         self.last_pass_seconds = 0.0
-        #: Ready tasks to hold back (the conflict radar's policy; set by the composition root).
-        self.held: Callable[[], frozenset[str]] | None = None
+        #: Ready tasks to hold back (the conflict radar's policy).
+        self.held = held
         #: The starts launched by the pass in progress (``step()`` waits for them).
         self._launched: list[asyncio.Task[object]] = []
         #: A stopping daemon's scheduler starts nothing more (``close``).
@@ -190,7 +192,8 @@ class Scheduler:
             auto_resume=self.settings.scheduler.auto_resume,
             budget_left=self._budget_left(),
             estimates={n: p.cost_per_session or 0.0 for n, p in profiles.items()},
-            stop_when_idle=self.settings.scheduler.stop_when_idle and not self.more_work_may_arrive,
+            stop_when_idle=self.settings.scheduler.stop_when_idle
+            and not self.more_work_may_arrive(),
             held=self.held() if self.held is not None else frozenset(),
         )
 

@@ -82,12 +82,18 @@ class Supervisor:
     """Runs parts through the daemon's ``Background`` (so each is named and awaited at
     shutdown) and restarts them when they crash."""
 
-    def __init__(self, background: Spawner, settings: SupervisorSettings | None = None) -> None:
+    def __init__(
+        self,
+        background: Spawner,
+        settings: SupervisorSettings | None = None,
+        *,
+        announce: Announce | None = None,
+    ) -> None:
         self._background = background
         self.settings = settings or SupervisorSettings()
         self.parts: dict[str, Part] = {}
-        #: Told of ``daemon.degraded`` / ``daemon.recovered`` (the Grid publishes them).
-        self.announce: Announce | None = None
+        #: Told of ``daemon.degraded`` / ``daemon.recovered`` (published on the bus).
+        self.announce = announce
         self._stopping = False
         #: Bumped whenever a part comes, goes or changes state: the views below are cached
         #: by it, since /health reads them on every request.

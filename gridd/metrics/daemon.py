@@ -12,9 +12,10 @@ class DaemonMetrics:
     """One daemon's metrics: the event counter and request stats now, the registry (and
     prometheus-client) at the first scrape."""
 
-    def __init__(self, source: MetricsSource) -> None:
+    def __init__(self, source: MetricsSource, *, events: EventCounter | None = None) -> None:
         self.source = source
-        self.events = EventCounter()
+        #: Built before the pool by the composition root, which times runs' finishes with it.
+        self.events = events or EventCounter()
         self.requests = RequestStats()
         self._render: Callable[[], bytes] | None = None
         source.bus.add_listener(self.events)

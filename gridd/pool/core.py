@@ -27,6 +27,7 @@ from types import MappingProxyType
 from gridd.background import Background
 from gridd.diskfault import DiskFault
 from gridd.events import EventBus
+from gridd.git.prepared import PreparedWorktrees
 from gridd.git.private import PrivateRepos
 from gridd.git.worktrees import Worktrees
 from gridd.model import Agent, Question
@@ -44,7 +45,7 @@ from gridd.runs.executor import AgentHandle, Executor
 from gridd.runs.output import OutputLog
 from gridd.runs.wakeups import Wakeups
 from gridd.runs.watch import RunWatch
-from gridd.settings import Settings
+from gridd.settings import AgentProfile, Settings
 from gridd.state import GridState
 from gridd.workspace import Workspace
 
@@ -64,12 +65,17 @@ class AgentPool:
         executor: Executor,
         environ: Mapping[str, str],
         disk: DiskFault,
+        roster: Roster,
+        profiles: dict[str, AgentProfile],
+        on_exit: OnExit | None = None,
+        prepared: PreparedWorktrees | None = None,
     ) -> None:
         self.settings = settings
         self.state = state
         self.executor = executor
-        self.profiles = settings.profiles()
-        self.roster = Roster(settings.scheduler)
+        self.profiles = profiles
+        #: Shared with the finisher, which releases agents from it (built by the root).
+        self.roster = roster
         self.roster.restore_backoffs(list(state.tasks.values()))
         self.bus = bus
         #: Each sandboxed run's filtering proxy (``network = "allowlist"``).
@@ -98,22 +104,23 @@ class AgentPool:
         self.stopper = Stopper(ctx)
         reader = RunReader(ctx, talk=self.talk, stopper=self.stopper)
         self.monitor = Monitor(
-            ctx, reader=reader, stopper=self.stopper, talk=self.talk, wakeups=self.wakeups
+            ctx,
+            reader=reader,
+            stopper=self.stopper,
+            talk=self.talk,
+            wakeups=self.wakeups,
+            on_exit=on_exit,
         )
         self.spawner = Spawner(
-            ctx, worktrees=worktrees, private=private, monitor=self.monitor, environ=environ
+            ctx,
+            worktrees=worktrees,
+            private=private,
+            monitor=self.monitor,
+            environ=environ,
+            prepared=prepared,
         )
         self.reattacher = Reattacher(ctx, monitor=self.monitor)
         self.claimers: dict[str, Claimer] = self.spawner.claimers
-
-    @property
-    def on_exit(self) -> OnExit | None:
-        """Finishes an agent run (``finish.Finisher.finish``; set by the composition root)."""
-        return self.monitor.on_exit
-
-    @on_exit.setter
-    def on_exit(self, callback: OnExit | None) -> None:
-        self.monitor.on_exit = callback
 
     def _sandbox_denied(self, agent_id: str, target: str, unreported: int) -> None:
         """A run's proxy refused a host (``runs/egress.py``, rate-limited there)."""

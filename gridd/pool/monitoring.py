@@ -92,6 +92,7 @@ class Monitor:
         stopper: Stopper,
         talk: Conversation,
         wakeups: Wakeups,
+        on_exit: OnExit | None = None,
     ) -> None:
         self.ctx = ctx
         self.reader = reader
@@ -100,7 +101,8 @@ class Monitor:
         #: What wakes the monitors: file notifications, the shims' exits, a safety-net sweep.
         self.wakeups = wakeups
         self._sweeping = False
-        self.on_exit: OnExit | None = None
+        #: Finishes an agent run (``finish.Finisher.finish``, timed by the metrics).
+        self.on_exit = on_exit
         self.pacer = OutputPacer(
             held=lambda: ctx.bus.budget.held + ctx.bus.budget.pending,
             taken=lambda: ctx.bus.budget.freed,

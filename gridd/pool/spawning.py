@@ -95,6 +95,7 @@ class Spawner:
         private: PrivateRepos,
         monitor: Monitor,
         environ: Mapping[str, str],
+        prepared: PreparedWorktrees | None = None,
     ) -> None:
         self.ctx = ctx
         self.worktrees = worktrees
@@ -103,8 +104,8 @@ class Spawner:
         self.monitor = monitor
         self.environ = dict(environ)
         self.claimers: dict[str, Claimer] = {}
-        #: Set by the composition root: worktrees made ahead (``git.prepared``), taken first.
-        self.prepared: PreparedWorktrees | None = None
+        #: Worktrees made ahead (``git.prepared``), taken first.
+        self.prepared = prepared
         #: Task id -> the attempts it had before a start the disk paused, while that start
         #: had counted one: taken back at its next start if the disk refused to record it
         #: then (``_start_paused``), so the count in memory is never one too many.

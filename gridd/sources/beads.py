@@ -136,8 +136,10 @@ class BeadsSource:
         #: Bead id -> why it was refused (reported once until the reason changes).
         self._refused: dict[str, str] = {}
         #: Creates a task from a bead's fields through the same commands as ``POST /tasks``
-        #: (``Commands.create_from_source``; set by the composition root).
+        #: (``Commands.create_from_source``; handed over by ``start``).
         self.create: Callable[[dict[str, Any]], Task] = self._unwired
+        #: Started: beads feed tasks (whether enabled is known only at the daemon's start).
+        self.running = False
 
     @staticmethod
     def _unwired(fields: dict[str, Any]) -> Task:
@@ -150,7 +152,10 @@ class BeadsSource:
             self.settings.command[0]
         ) is not None
 
-    def start(self) -> None:
+    def start(self, create: Callable[[dict[str, Any]], Task]) -> None:
+        """Feed beads into ``create`` from now on."""
+        self.create = create
+        self.running = True
         self.background.supervise("beads-sync", self._sync_loop)
         if self.settings.watch:
             self.background.supervise(
@@ -284,7 +289,9 @@ class BeadsSource:
         """Ask bd once more, now, for an id gridd does not know (``POST /tasks/{id}/start``
         may name a bead made since the last read). Asks made at the same moment share one
         ``bd ready``. True when the task is known afterwards; a failing bd is reported by
-        the sync loop, not here."""
+        the sync loop, not here. False while the source is not running."""
+        if not self.running:
+            return False
         if self._asking is None or self._asking.done():
             self._asking = self.background.spawn("beads-ask", self._ask_bd())
         await asyncio.shield(self._asking)  # a client that goes away does not cancel it

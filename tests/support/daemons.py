@@ -228,8 +228,8 @@ async def inprocess_daemon(
     (``executor``: another executor than the local shim one, at the seam)."""
     import asyncio
 
+    from gridd.compose import compose
     from gridd.daemon import bind_socket, build_server
-    from gridd.grid import Grid
     from gridd.settings import parse_settings
     from gridd.store import Store
     from gridd.workspace import Workspace
@@ -238,7 +238,9 @@ async def inprocess_daemon(
     ws.ensure_grid_dir()
     settings = parse_settings(config or {})
     store = Store.open(ws.db_path)
-    grid = Grid(workspace=ws, settings=settings, store=store, executor=executor)
+    grid = compose(
+        workspace=ws, settings=settings, store=store, environ=os.environ, executor=executor
+    )
     server = build_server(grid, handle_signals=False)
     sock = bind_socket(ws.socket_path)
     await grid.start()

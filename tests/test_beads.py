@@ -21,7 +21,7 @@ from gridd.sources.beads_mirror import BeadWriter, mirror_writes, retry_delay
 from gridd.sources.beads_watch import is_issue_data
 from gridd.store import Store
 from tests.support.daemons import running_daemon
-from tests.support.waits import wait_for
+from tests.support.waits import until, wait_for
 
 FAKE_BD = Path(__file__).parent / "fakes" / "bd"
 
@@ -293,16 +293,6 @@ def read_issue(root: Path, bead_id: str) -> dict[str, object]:
     return bd_issue(root, bead_id)
 
 
-async def wait_async(predicate, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    import asyncio
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
-
-
 def writer_for(root: Path, store: Store, **settings: object) -> tuple[BeadWriter, EventBus]:
     bus = EventBus(store, queue_size=1000)
     command = [sys.executable, str(FAKE_BD)]
@@ -329,16 +319,16 @@ async def test_a_failing_write_does_not_hold_up_another_bead(bd_dir: Path) -> No
             writer.submit(
                 bead_id, mirror_writes(bead_id, "review", previous="working", settings=settings)
             )
-        await wait_async(lambda: "gridd:review" in (read_issue(bd_dir, "bd-2").get("labels") or []))
+        await until(lambda: "gridd:review" in (read_issue(bd_dir, "bd-2").get("labels") or []))
         assert "gridd:review" not in (read_issue(bd_dir, "bd-1").get("labels") or [])
-        await wait_async(lambda: len(errors_of(store)) >= 2)
+        await until(lambda: len(errors_of(store)) >= 2)
         first = errors_of(store)[0]
         assert first["taskId"] == "bd-1" and first["permanent"] is False
         assert first["retryInSeconds"] == 0.2
         # bd comes back: the retried write lands, in order, and the lane ends.
         edit_bd_db(bd_dir, lambda db: db.update(flaky={}))
-        await wait_async(lambda: "gridd:review" in (read_issue(bd_dir, "bd-1").get("labels") or []))
-        await wait_async(lambda: writer.pending("bd-1") == 0)
+        await until(lambda: "gridd:review" in (read_issue(bd_dir, "bd-1").get("labels") or []))
+        await until(lambda: writer.pending("bd-1") == 0)
     finally:
         await writer.background.stop()
         store.close()
@@ -356,7 +346,7 @@ async def test_writes_to_one_bead_land_in_order_after_retries(bd_dir: Path) -> N
         writer.submit(
             "bd-1", mirror_writes("bd-1", "failed", previous="review", settings=s, error="exit 3")
         )
-        await wait_async(lambda: len(read_issue(bd_dir, "bd-1").get("comments") or []) == 1)
+        await until(lambda: len(read_issue(bd_dir, "bd-1").get("comments") or []) == 1)
         issue = read_issue(bd_dir, "bd-1")
         assert issue["status"] == "open" and issue["assignee"] == ""
         assert issue["labels"] == ["gridd:failed"]
@@ -375,7 +365,7 @@ async def test_a_permanent_refusal_is_reported_once_and_not_retried(bd_dir: Path
         writer.submit(
             "bd-1", mirror_writes("bd-1", "review", previous="working", settings=writer.settings)
         )
-        await wait_async(lambda: writer.pending("bd-1") == 0 and errors_of(store))
+        await until(lambda: writer.pending("bd-1") == 0 and errors_of(store))
         (error,) = errors_of(store)
         assert error["permanent"] is True and error["retryInSeconds"] is None
         assert "invalid status" in str(error["error"])
@@ -388,7 +378,7 @@ async def test_a_permanent_refusal_is_reported_once_and_not_retried(bd_dir: Path
         writer.submit(
             "bd-1", mirror_writes("bd-1", "review", previous="working", settings=writer.settings)
         )
-        await wait_async(lambda: read_issue(bd_dir, "bd-1")["status"] == "review")
+        await until(lambda: read_issue(bd_dir, "bd-1")["status"] == "review")
         assert len(errors_of(store)) == 1
     finally:
         await writer.background.stop()
@@ -479,7 +469,7 @@ async def test_the_same_write_to_several_beads_is_one_bd_call_and_each_learns_it
         s = writer.settings
         for bead_id in ("bd-1", "bd-gone", "bd-2"):
             writer.submit(bead_id, mirror_writes(bead_id, "review", previous="working", settings=s))
-        await wait_async(lambda: not any(writer.pending(b) for b in ("bd-1", "bd-2", "bd-gone")))
+        await until(lambda: not any(writer.pending(b) for b in ("bd-1", "bd-2", "bd-gone")))
         for bead_id in ("bd-1", "bd-2"):
             assert "gridd:review" in (read_issue(bd_dir, bead_id).get("labels") or [])
         flags = ["--status", "in_progress", "--add-label", "gridd:review", "--json"]

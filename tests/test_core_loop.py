@@ -5,7 +5,6 @@ process group, stopping a session (gracefully, forcibly, or by the STOP file) ke
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 from gridd.client import GridClient
 from tests.support.api import scheduler_starts, wait_task_status
 from tests.support.daemons import core_daemon
+from tests.support.git import git
 from tests.support.processes import process_gone
 from tests.support.repos import agent_command, read_json_file, read_text_file, write_core_config
 from tests.support.sse import event_log, wait_for_events
@@ -37,12 +37,6 @@ def peak_live_agents(agents: Sequence[dict[str, Any]]) -> int:
         started = datetime.fromisoformat(agent["startedAt"].replace("Z", "+00:00"))
         spans.append((started.timestamp(), float(ended)))
     return max(sum(1 for s, e in spans if s <= start < e) for start, _ in spans)
-
-
-def git(root: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(root), *args], capture_output=True, text=True, check=True
-    ).stdout
 
 
 # -- plans run in dependency order, within maxAgents -------------------------------------------

@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -27,6 +26,7 @@ from tests.support.cli import run_gridd
 from tests.support.daemons import inprocess_daemon, running_daemon, start_daemon
 from tests.support.repos import FAST_SCHEDULER, agent_command
 from tests.support.sse import EventFollower, event_log
+from tests.support.waits import until
 
 
 def fill(path: Path) -> Path:
@@ -232,8 +232,8 @@ async def test_agent_watcher_survives_a_state_database_that_cannot_be_written(
         grid = cast(Grid, d.grid)
         task = grid.commands.create_tasks([TaskSpec(title="talker")])[0]
         grid.commands.start_task(task.id)
-        await _until(lambda: (control / f"{task.id}.pid").exists(), timeout=30)
-        await _until(lambda: grid.bus.last_id > 0 and _outputs(grid) > 0, timeout=30)
+        await until(lambda: (control / f"{task.id}.pid").exists(), timeout=30)
+        await until(lambda: grid.bus.last_id > 0 and _outputs(grid) > 0, timeout=30)
 
         real_append = Store.append_event
         full = True
@@ -246,7 +246,7 @@ async def test_agent_watcher_survives_a_state_database_that_cannot_be_written(
         Store.append_event = append_event  # type: ignore[assignment,method-assign]
         try:
             (control / f"{task.id}.go").touch()
-            await _until(lambda: (control / f"{task.id}.done").exists(), timeout=30)
+            await until(lambda: (control / f"{task.id}.done").exists(), timeout=30)
             # The monitor meets the failing store: it waits, and /health says so.
             transport = httpx.AsyncHTTPTransport(uds=str(d.sock))
             async with httpx.AsyncClient(transport=transport, base_url="http://gridd") as http:
@@ -262,7 +262,7 @@ async def test_agent_watcher_survives_a_state_database_that_cannot_be_written(
             full = False
         finally:
             Store.append_event = real_append  # type: ignore[method-assign]
-        await _until(
+        await until(
             lambda: grid.state.tasks[task.id].status not in (TaskStatus.WORKING,), timeout=30
         )
         assert grid.state.tasks[task.id].status == TaskStatus.REVIEW
@@ -273,10 +273,3 @@ async def test_agent_watcher_survives_a_state_database_that_cannot_be_written(
 
 def _outputs(grid: object) -> int:
     return sum(1 for a in grid.state.agents.values() if a.output_seq)  # type: ignore[attr-defined]
-
-
-async def _until(predicate: Callable[[], bool], *, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout}s"
-        await asyncio.sleep(0.02)

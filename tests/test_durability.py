@@ -23,6 +23,7 @@ from gridd.runs.process import AgentProcess, process_create_time
 from tests.support.api import output_chunks, wait_task_status
 from tests.support.cli import gridctl
 from tests.support.daemons import restartable_daemon
+from tests.support.git import git
 from tests.support.processes import open_fds, process_gone, zombie_children
 from tests.support.repos import AGENTS_DIR, agent_command, read_json_file, touch, write_core_config
 from tests.support.sse import EventFollower, event_log, wait_for_events
@@ -32,12 +33,6 @@ sys.path.insert(0, str(AGENTS_DIR))
 from bigwrite import expected_output
 
 sys.path.remove(str(AGENTS_DIR))
-
-
-def git(root: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(root), *args], capture_output=True, text=True, check=True
-    ).stdout
 
 
 def wait_pid(control: Path, task_id: str) -> int:

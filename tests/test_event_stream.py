@@ -30,7 +30,7 @@ from gridd.store import Store
 from tests.support.daemons import inprocess_daemon, running_daemon
 from tests.support.repos import write_config
 from tests.support.sse import SSERead, read_sse
-from tests.support.waits import wait_for
+from tests.support.waits import until, wait_for
 
 
 def seed_events(
@@ -399,13 +399,6 @@ async def test_periodic_snapshot_is_not_starved_by_a_busy_stream(store: Store) -
 # -- in-process: a frozen live client against the real server ---------------------------------
 
 
-async def _until(predicate: Callable[[], bool], *, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout}s"
-        await asyncio.sleep(0.02)
-
-
 async def test_frozen_live_client_is_dropped_and_disconnected_while_another_gets_all(
     repo: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -451,7 +444,7 @@ async def test_frozen_live_client_is_dropped_and_disconnected_while_another_gets
                 assert (await http.get("/state")).json()["daemon"]["subscribers"] == 1
 
                 # and its connection is closed, not left holding a socket and a buffer
-                await _until(lambda: "stopped reading" in caplog.text, timeout=15)
+                await until(lambda: "stopped reading" in caplog.text, timeout=15)
                 frozen.setblocking(True)
                 frozen.settimeout(10)
                 received, t0 = 0, time.monotonic()

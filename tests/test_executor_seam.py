@@ -6,9 +6,7 @@ seam of gridd's, not the thing under test: the agents are real processes)."""
 
 from __future__ import annotations
 
-import asyncio
 import signal
-from collections.abc import Callable
 from pathlib import Path
 
 from gridd.grid import Grid
@@ -19,6 +17,7 @@ from gridd.specs import PlanSpec, SessionStart, normalise_plan
 from tests.support.daemons import inprocess_daemon
 from tests.support.processes import kill_workspace_agents
 from tests.support.repos import agent_command
+from tests.support.waits import until
 
 
 class LoggedHandle:
@@ -83,14 +82,6 @@ class LoggedExecutor:
     def fence(self, run_dir: Path) -> bool:
         self.calls.append(("fence", run_dir.name))
         return self.inner.fence(run_dir)
-
-
-async def until(predicate: Callable[[], bool], *, timeout: float = 30.0, what: str = "") -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def test_another_executor_spawns_and_signals_every_agent_through_the_seam(

@@ -5,19 +5,12 @@ other repository: neither its config, its refs nor its worktrees."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 from tests.support import cli as support_cli
+from tests.support.git import git
 from tests.support.repos import make_repo, remove_repo
 from tests.support.waits import wait_for
-
-
-def _git(repo: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True, env=None
-    )
-    return done.stdout
 
 
 def test_a_gridd_started_under_another_repositorys_git_dir_leaves_that_repository_alone(
@@ -26,7 +19,7 @@ def test_a_gridd_started_under_another_repositorys_git_dir_leaves_that_repositor
     decoy = make_repo()
     try:
         config_before = (decoy / ".git" / "config").read_text()
-        refs_before = _git(decoy, "for-each-ref")
+        refs_before = git(decoy, "for-each-ref")
         env = {
             **support_cli.GRIDCTL_ENV,
             "GRID_EXAMPLE_DELAY": "0",
@@ -46,10 +39,10 @@ def test_a_gridd_started_under_another_repositorys_git_dir_leaves_that_repositor
 
         wait_for(lambda: status() == "review", timeout=60, message=f"task {task} in review")
         assert (ws / ".grid" / "gridd.sock").exists()
-        assert f"refs/heads/grid/{task}" in _git(ws, "for-each-ref")
+        assert f"refs/heads/grid/{task}" in git(ws, "for-each-ref")
         assert (decoy / ".git" / "config").read_text() == config_before
-        assert _git(decoy, "for-each-ref") == refs_before
+        assert git(decoy, "for-each-ref") == refs_before
         assert not (decoy / ".grid").exists()
-        assert _git(decoy, "worktree", "list").count("\n") == 1
+        assert git(decoy, "worktree", "list").count("\n") == 1
     finally:
         remove_repo(decoy)

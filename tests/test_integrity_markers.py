@@ -20,10 +20,11 @@ from gridd.client import GridClient
 from tests.support.api import wait_pending_question, wait_task_status
 from tests.support.cli import gridctl
 from tests.support.daemons import core_daemon
+from tests.support.git import git
 from tests.support.repos import write_core_config
 from tests.support.sse import event_log
 from tests.support.waits import wait_for
-from tests.test_merge_queue import configure, git, runs, task
+from tests.test_merge_queue import configure, runs, task
 
 #: Marker-like lines, as a test fixture about git would hold them.
 MARKED = "<<<<<<< ours\nmine\n=======\ntheirs\n>>>>>>> theirs\n"

@@ -13,14 +13,9 @@ from pathlib import Path
 
 from gridd.client import GridClient
 from tests.support.cli import gridctl
+from tests.support.git import git
 from tests.support.repos import agent_command, write_core_config
 from tests.support.waits import wait_for
-
-
-def git(root: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(root), *args], capture_output=True, text=True, check=True
-    ).stdout
 
 
 def test_review_loop_and_finish_from_the_command_line(ws: Path) -> None:

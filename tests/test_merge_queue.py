@@ -17,15 +17,10 @@ from gridd.client import GridClient
 from gridd.errors import Conflict, ValidationFailed
 from tests.support.api import wait_task_status
 from tests.support.daemons import core_daemon
+from tests.support.git import git
 from tests.support.repos import agent_command, write_core_config
 from tests.support.sse import event_log
 from tests.support.waits import wait_for
-
-
-def git(root: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(root), *args], capture_output=True, text=True, check=True
-    ).stdout
 
 
 def files_on(root: Path, ref: str) -> set[str]:

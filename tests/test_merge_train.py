@@ -26,6 +26,7 @@ from gridd.git.train import Bisection, Blame
 from tests.support.api import wait_task_status
 from tests.support.cli import gridctl
 from tests.support.daemons import core_daemon
+from tests.support.git import git
 from tests.support.repos import agent_command, write_core_config
 from tests.support.sse import event_log
 from tests.support.waits import wait_for
@@ -51,12 +52,6 @@ bad = [f for f in files if f.startswith("bad-")]
 print("bad files:", *bad)
 sys.exit(3 if bad else 0)
 """
-
-
-def git(root: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(root), *args], capture_output=True, text=True, check=True
-    ).stdout
 
 
 @pytest.fixture

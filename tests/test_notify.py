@@ -23,6 +23,7 @@ from gridd.model import Event
 from gridd.notify import Coalescer, Notification, Notifier
 from gridd.settings import NotificationSettings, parse_settings
 from gridd.store import Store
+from tests.support.waits import until
 
 
 class Hook:
@@ -109,13 +110,6 @@ async def running(
         assert background.names == []
 
 
-async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
-
-
 def events(bus: EventBus, type_: str) -> list[Event]:
     return bus.replay(0, types=[type_])
 
@@ -133,7 +127,7 @@ async def test_webhook_receives_the_event_title_and_body(
     headers = {"X-Token": "s3cret"}
     async with running(bus, tmp_path, path=no_tools, webhook_url=hook.url, webhook_headers=headers):
         asked = question(bus)
-        await until(lambda: len(hook.delivered) == 1)
+        await until(lambda: len(hook.delivered) == 1, timeout=5.0)
     payload = hook.delivered[0]
     assert payload["title"] == "gridd: question from claude-3"
     assert payload["body"] == "Which database?"
@@ -152,7 +146,7 @@ async def test_webhook_is_retried_after_a_server_error(
     hook.statuses = [500]
     async with running(bus, tmp_path, path=no_tools, webhook_url=hook.url):
         question(bus)
-        await until(lambda: len(hook.delivered) == 1)
+        await until(lambda: len(hook.delivered) == 1, timeout=5.0)
     assert hook.hits == 2
     assert events(bus, "notify.failed") == []
 
@@ -163,7 +157,7 @@ async def test_webhook_failing_every_attempt_becomes_a_notify_failed_event(
     hook.statuses = [500, 503, 500]
     async with running(bus, tmp_path, path=no_tools, webhook_url=hook.url, attempts=3):
         asked = question(bus)
-        await until(lambda: bool(events(bus, "notify.failed")))
+        await until(lambda: bool(events(bus, "notify.failed")), timeout=5.0)
     assert hook.hits == 3
     [failed] = events(bus, "notify.failed")
     assert failed.data["channel"] == "webhook"
@@ -177,7 +171,7 @@ async def test_webhook_client_error_is_not_retried(
     hook.statuses = [404]
     async with running(bus, tmp_path, path=no_tools, webhook_url=hook.url, attempts=3):
         question(bus)
-        await until(lambda: bool(events(bus, "notify.failed")))
+        await until(lambda: bool(events(bus, "notify.failed")), timeout=5.0)
     assert hook.hits == 1
     assert "HTTP 404" in events(bus, "notify.failed")[0].data["error"]
 
@@ -208,8 +202,8 @@ async def test_command_hook_gets_the_event_json_on_stdin(
     script = f"import sys; open({str(out)!r}, 'w').write(sys.stdin.read())"
     async with running(bus, tmp_path, path=no_tools, command=[sys.executable, "-c", script]):
         stopped = bus.publish("session.stopped", {"reason": "user", "force": True})
-        await until(out.exists)
-        await until(lambda: out.read_text() != "")
+        await until(out.exists, timeout=5.0)
+        await until(lambda: out.read_text() != "", timeout=5.0)
     payload = json.loads(out.read_text())
     assert payload["event"]["id"] == stopped.id
     assert payload["title"] == "gridd: session stopped"
@@ -223,8 +217,8 @@ async def test_command_exiting_non_zero_is_a_failure_and_the_worker_carries_on(
     async with running(bus, tmp_path, path=no_tools, command=command, webhook_url=hook.url):
         question(bus, "first?")
         question(bus, "second?")
-        await until(lambda: len(events(bus, "notify.failed")) == 2)
-        await until(lambda: len(hook.delivered) == 2)
+        await until(lambda: len(events(bus, "notify.failed")) == 2, timeout=5.0)
+        await until(lambda: len(hook.delivered) == 2, timeout=5.0)
     failed = events(bus, "notify.failed")
     assert {f.data["channel"] for f in failed} == {"command"}
     assert "exited 3: nope" in failed[0].data["error"]
@@ -235,7 +229,7 @@ async def test_missing_command_binary_is_reported_not_raised(
 ) -> None:
     async with running(bus, tmp_path, path=no_tools, command=[str(tmp_path / "no-such-hook")]):
         question(bus)
-        await until(lambda: bool(events(bus, "notify.failed")))
+        await until(lambda: bool(events(bus, "notify.failed")), timeout=5.0)
     assert "FileNotFoundError" in events(bus, "notify.failed")[0].data["error"]
 
 
@@ -245,7 +239,7 @@ async def test_desktop_without_notify_send_is_skipped_with_one_note(
     async with running(bus, tmp_path, path=no_tools, desktop=True) as notifier:
         for i in range(3):
             question(bus, f"question {i}?")
-        await until(lambda: notifier.sent == 3)
+        await until(lambda: notifier.sent == 3, timeout=5.0)
     [skipped] = events(bus, "notify.skipped")
     assert skipped.data == {"channel": "desktop", "reason": "notify-send not found"}
     assert events(bus, "notify.failed") == []
@@ -263,7 +257,7 @@ async def test_desktop_runs_notify_send_with_title_and_body(bus: EventBus, tmp_p
     fake.chmod(0o755)
     async with running(bus, tmp_path, path=str(bin_dir), desktop=True):
         question(bus, "Use Postgres?")
-        await until(log_file.exists)
+        await until(log_file.exists, timeout=5.0)
     assert json.loads(log_file.read_text()) == [
         "--app-name=gridd",
         "gridd: question from claude-3",
@@ -286,7 +280,7 @@ async def test_desktop_on_macos_runs_osascript_with_quoted_text(
     fake.chmod(0o755)
     async with running(bus, tmp_path, path=str(bin_dir), desktop=True, platform="darwin"):
         question(bus, 'Delete "build\\"?')
-        await until(log_file.exists)
+        await until(log_file.exists, timeout=5.0)
     assert json.loads(log_file.read_text()) == [
         "-e",
         'display notification "Delete \\"build\\\\\\"?" with title "gridd: question from claude-3"',
@@ -302,7 +296,7 @@ async def test_identical_questions_in_a_burst_are_sent_once_then_summarised(
     async with running(bus, tmp_path, path=no_tools, webhook_url=hook.url, coalesce_seconds=0.3):
         for _ in range(20):
             question(bus, "Allow Bash(rm -rf build)?")
-        await until(lambda: len(hook.delivered) == 2)
+        await until(lambda: len(hook.delivered) == 2, timeout=5.0)
         await asyncio.sleep(0.4)  # no more windows to close
     first, summary = hook.delivered
     assert (first["title"], first["count"]) == ("gridd: question from claude-3", 1)
@@ -318,7 +312,7 @@ async def test_distinct_questions_are_each_sent(
         question(bus, "a?", agent="claude-1")
         question(bus, "b?", agent="claude-1")
         question(bus, "a?", agent="claude-2")
-        await until(lambda: len(hook.delivered) == 3)
+        await until(lambda: len(hook.delivered) == 3, timeout=5.0)
     assert [p["count"] for p in hook.delivered] == [1, 1, 1]
 
 
@@ -328,7 +322,7 @@ async def test_stop_sends_the_pending_summary(
     async with running(bus, tmp_path, path=no_tools, webhook_url=hook.url, coalesce_seconds=30):
         for _ in range(3):
             question(bus)
-        await until(lambda: len(hook.delivered) == 1)
+        await until(lambda: len(hook.delivered) == 1, timeout=5.0)
     assert [p["count"] for p in hook.delivered] == [1, 3]
 
 
@@ -342,7 +336,7 @@ async def test_events_not_configured_send_nothing(
         bus.publish("agent.output", {"agentId": "a", "chunk": "x", "seq": 1})
         bus.publish("tasks.changed", {"tasks": [{"id": "t1", "status": "failed"}]})
         bus.publish("session.stopped", {"reason": "user", "force": False})
-        await until(lambda: len(hook.delivered) == 1)
+        await until(lambda: len(hook.delivered) == 1, timeout=5.0)
     assert [p["event"]["type"] for p in hook.delivered] == ["session.stopped"]
 
 
@@ -364,7 +358,7 @@ async def test_task_failure_and_all_done_are_derived_from_tasks_changed(
         changed(("t2", "cancelled"))
         changed(("t2", "cancelled"))  # already all done: said once
         bus.publish("agent.stalled", {"agentId": "claude-9", "taskId": "t3", "reason": "quiet"})
-        await until(lambda: len(hook.delivered) == 3)
+        await until(lambda: len(hook.delivered) == 3, timeout=5.0)
     assert [(p["kind"], p["title"], p["body"]) for p in hook.delivered] == [
         ("task.failed", "gridd: task t1 failed", "boom"),
         ("tasks.all_done", "gridd: all tasks done", "every task is done or cancelled"),
@@ -378,7 +372,7 @@ async def test_all_done_asks_the_lead_when_given_a_callable(
     async with running(bus, tmp_path, path=no_tools, webhook_url=hook.url, all_done=lambda: False):
         bus.publish("tasks.changed", {"tasks": [{"id": "t1", "status": "done"}]})
         bus.publish("session.stopped", {"reason": "user"})
-        await until(lambda: len(hook.delivered) == 1)
+        await until(lambda: len(hook.delivered) == 1, timeout=5.0)
     assert hook.delivered[0]["kind"] == "session.stopped"
 
 
@@ -399,7 +393,7 @@ async def test_publishing_never_waits_for_a_stuck_webhook(
         stop_timeout=0.2,
     ) as notifier:
         question(bus, "first")
-        await until(lambda: hook.hits == 1)  # the worker is now stuck on the webhook
+        await until(lambda: hook.hits == 1, timeout=5.0)  # the worker is now stuck on the webhook
         started = time.monotonic()
         for i in range(10_000):
             question(bus, f"question {i}")
@@ -418,7 +412,7 @@ async def test_malformed_event_data_never_raises_into_publish(
         bus.publish("tasks.changed", {"tasks": None})
         bus.publish("tasks.changed", {"tasks": ["not-a-task"]})
         bus.publish("session.stopped", {"reason": "user"})
-        await until(lambda: len(hook.delivered) == 1)
+        await until(lambda: len(hook.delivered) == 1, timeout=5.0)
     assert hook.delivered[0]["kind"] == "session.stopped"
 
 

@@ -13,13 +13,9 @@ the task starts again.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import sqlite3
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from gridd.errors import StoreError
 from gridd.grid import Grid
@@ -30,6 +26,7 @@ from gridd.specs import PlanSpec, SessionStart, normalise_plan
 from tests.support.daemons import inprocess_daemon
 from tests.support.processes import kill_workspace_agents
 from tests.support.repos import FAST_SCHEDULER
+from tests.support.waits import until
 
 
 class FullOnce:
@@ -56,13 +53,6 @@ class FullOnce:
 
     def fence(self, run_dir: Path) -> bool:
         return self.inner.fence(run_dir)
-
-
-async def _until(predicate: Callable[[], Any], *, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 async def test_a_paused_start_whose_take_back_the_disk_refused_still_counts_no_attempt(
@@ -95,15 +85,15 @@ async def test_a_paused_start_whose_take_back_the_disk_refused_still_counts_no_a
                 PlanSpec.model_validate(normalise_plan({"tasks": tasks})).tasks
             )
             grid.commands.start_session(SessionStart.model_validate({"maxAgents": 1}))
-            await _until(lambda: holder is not None, what="the full disk noted")
-            await _until(lambda: "only" not in grid.pool.starting, what="the start paused")
+            await until(lambda: holder is not None, what="the full disk noted")
+            await until(lambda: "only" not in grid.pool.starting, what="the start paused")
             task = grid.state.tasks["only"]
             assert task.status == TaskStatus.WORKING
             assert holder is not None
             holder.execute("ROLLBACK")
             holder.close()
             holder = None
-            await _until(
+            await until(
                 lambda: (
                     grid.state.agent_for_task("only") is not None
                     and grid.state.agent_for_task("only").pid is not None
@@ -116,7 +106,7 @@ async def test_a_paused_start_whose_take_back_the_disk_refused_still_counts_no_a
             assert agent.attempt == 1, agent
             assert grid.state.tasks["only"].attempts == 1
             grid.commands.stop_session(force=True)
-            await _until(lambda: not grid.pool.handles, what="the agent gone")
+            await until(lambda: not grid.pool.handles, what="the agent gone")
     finally:
         if holder is not None:
             holder.close()

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,14 +29,7 @@ from tests.support.daemons import inprocess_daemon
 from tests.support.git import git_show
 from tests.support.processes import kill_workspace_agents
 from tests.support.repos import agent_command
-
-
-async def until(predicate: Callable[[], object], *, timeout: float = 30.0, what: str = "") -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
+from tests.support.waits import until
 
 
 async def first_line(grid: Grid, line: str, *, what: str) -> None:

@@ -17,8 +17,9 @@ from gridd.errors import Conflict
 from tests.support.api import wait_task_status
 from tests.support.cli import gridctl
 from tests.support.daemons import core_daemon
+from tests.support.git import git
 from tests.support.sse import event_log
-from tests.test_merge_queue import configure, files_on, git, task
+from tests.test_merge_queue import configure, files_on, task
 
 
 def test_an_edit_left_in_the_worktree_at_approve_is_merged_as_a_review_commit(

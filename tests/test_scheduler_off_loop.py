@@ -10,12 +10,8 @@ hoped for.
 
 from __future__ import annotations
 
-import asyncio
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -27,13 +23,7 @@ from gridd.specs import PlanSpec, SessionStart, normalise_plan
 from tests.support.daemons import inprocess_daemon
 from tests.support.processes import kill_workspace_agents
 from tests.support.repos import FAST_SCHEDULER
-
-
-async def _until(predicate: Callable[[], Any], *, what: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
+from tests.support.waits import until
 
 
 async def test_a_plan_made_off_the_loop_from_a_state_that_changed_meanwhile_is_not_applied(
@@ -71,12 +61,15 @@ async def test_a_plan_made_off_the_loop_from_a_state_that_changed_meanwhile_is_n
             )
             grid.commands.start_session(SessionStart.model_validate({"maxAgents": 1}))
             # The pass is planning (it would start "first"); the loop still runs this test.
-            await _until(entered.is_set, what="the scheduler to plan with the session started")
+            await until(
+                entered.is_set, what="the scheduler to plan with the session started", timeout=20
+            )
             await grid.commands.cancel_task("first")
             release.set()
-            await _until(
+            await until(
                 lambda: grid.state.agent_for_task("second") is not None,
                 what="an agent for the next task in line",
+                timeout=20,
             )
             assert grid.state.tasks["first"].status == TaskStatus.CANCELLED
             assert not [a for a in grid.state.agents.values() if a.task_id == "first"]
@@ -86,7 +79,7 @@ async def test_a_plan_made_off_the_loop_from_a_state_that_changed_meanwhile_is_n
             assert ["first"] in starts
             assert starts.index(["second"]) > starts.index(["first"])
             grid.commands.stop_session(force=True)
-            await _until(lambda: not grid.pool.handles, what="the agents gone")
+            await until(lambda: not grid.pool.handles, what="the agents gone", timeout=20)
     finally:
         release.set()
         kill_workspace_agents(repo)

@@ -5,16 +5,10 @@ holding nothing of its own leaves nothing behind."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from pathlib import Path
 
 from gridd.git.worktrees import Worktree, Worktrees
-
-
-def git(root: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(root), *args], capture_output=True, text=True, check=True
-    ).stdout
+from tests.support.git import git
 
 
 def branches(root: Path) -> set[str]:

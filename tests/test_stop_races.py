@@ -10,7 +10,6 @@ logged, and no finish fails."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ import pytest
 
 from gridd.client import GridClient
 from tests.support.daemons import DaemonProc, core_daemon
+from tests.support.git import git
 from tests.support.repos import read_text_file, write_core_config
 from tests.support.sse import event_log
 from tests.support.waits import wait_for
@@ -58,12 +58,6 @@ STOPPED_STATUS = {
     "session-stop": "ready",
 }
 REFUSED_CODES = {"task_not_working", "agent_exited", "task_finished"}
-
-
-def git(root: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(root), *args], capture_output=True, text=True, check=True
-    ).stdout
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from gridd.specs import TaskSpec
 from gridd.supervisor import PartState, after_crash
 from tests.support.daemons import inprocess_daemon
 from tests.support.repos import FAST_SCHEDULER
+from tests.support.waits import until
 
 SUPERVISION = {
     "backoff_seconds": 0.05,
@@ -34,16 +35,6 @@ def _http(sock: Path) -> httpx.AsyncClient:
     return httpx.AsyncClient(
         transport=httpx.AsyncHTTPTransport(uds=str(sock)), base_url="http://gridd", timeout=10
     )
-
-
-async def _until(predicate: Callable[[], Any], *, timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout}s"
-        await asyncio.sleep(0.02)
 
 
 async def _health_until(http: httpx.AsyncClient, want: Callable[[httpx.Response], bool]) -> Any:
@@ -95,7 +86,7 @@ async def test_a_crashing_scheduler_is_restarted_and_health_is_503_until_it_reco
         assert body["status"] == "degraded"
         assert "scheduler" in body["degraded"]
         assert body["parts"]["scheduler"] in ("restarting", "down")
-        await _until(lambda: grid.supervisor.states()["scheduler"] == "down")
+        await until(lambda: grid.supervisor.states()["scheduler"] == "down", timeout=20)
         metrics = await http.get("/metrics")
         states = _part_states(metrics.text)
         assert states[("scheduler", "down")] == 1
@@ -110,7 +101,7 @@ async def test_a_crashing_scheduler_is_restarted_and_health_is_503_until_it_reco
 
         broken = False  # the bug is gone: the next try (after down_retry_seconds) stays up
         await _health_until(http, lambda r: r.status_code == 200 and r.json()["status"] == "ok")
-        await _until(lambda: real_pass_ran(grid))
+        await until(lambda: real_pass_ran(grid), timeout=20)
         recovered = _events(grid, "daemon.recovered")
         assert recovered and recovered[-1]["part"] == "scheduler"
         # Scheduling works again: a task created now is picked up.
@@ -147,7 +138,7 @@ async def test_a_crashing_non_core_part_is_degraded_with_200_and_comes_back(
         assert response.status_code == 200
         assert response.json()["status"] == "degraded"
         assert response.json()["parts"]["scheduler"] == "up"
-        await _until(lambda: len(_events(grid, "daemon.degraded")) >= 2)
+        await until(lambda: len(_events(grid, "daemon.degraded")) >= 2, timeout=20)
         first, second = _events(grid, "daemon.degraded")[:2]
         assert first["part"] == second["part"] == "merge-queue"
         assert first["core"] is False
@@ -233,10 +224,10 @@ async def test_a_down_part_is_retried_at_once_when_the_store_takes_writes_again(
 
         grid.scheduler.run_pass = run_pass  # type: ignore[method-assign]
         grid.scheduler.wake()
-        await _until(lambda: grid.supervisor.states()["scheduler"] == "down")
+        await until(lambda: grid.supervisor.states()["scheduler"] == "down", timeout=20)
         full = False
         grid.store.write_error = StoreError("full", code="disk_full")  # as the disk left it
         # The store watch (every second) probes, finds the disk writable, retries the parts.
-        await _until(lambda: grid.supervisor.states()["scheduler"] == "up", timeout=10)
+        await until(lambda: grid.supervisor.states()["scheduler"] == "up", timeout=10)
         assert grid.store.write_error is None
         assert grid.health().status == "ok"

@@ -4,9 +4,8 @@ sweep finds it), and a quiet daemon's monitors stay asleep."""
 
 from __future__ import annotations
 
-import asyncio
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -18,14 +17,7 @@ from gridd.specs import PlanSpec, SessionStart, normalise_plan
 from tests.support.daemons import inprocess_daemon
 from tests.support.processes import kill_workspace_agents
 from tests.support.repos import agent_command
-
-
-async def until(predicate: Callable[[], bool], *, timeout: float = 30.0, what: str = "") -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}")
-        await asyncio.sleep(0.05)
+from tests.support.waits import until
 
 
 @asynccontextmanager

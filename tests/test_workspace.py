@@ -4,7 +4,6 @@ gridd makes under ``<root>/.grid/``, which belong to ``<root>`` and its daemon."
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ from gridd.errors import WorkspaceError
 from gridd.workspace import find_workspace
 from tests.support.cli import gridctl, run_gridd
 from tests.support.daemons import core_daemon, running_daemon, stop_workspace
+from tests.support.git import git
 from tests.support.processes import daemons_serving
 from tests.support.repos import (
     agent_command,
@@ -24,10 +24,6 @@ from tests.support.repos import (
     write_core_config,
 )
 from tests.support.waits import wait_for
-
-
-def git(cwd: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True)
 
 
 def task_worktree(root: Path, task_id: str = "t1") -> Path:

@@ -284,7 +284,7 @@ def kill9_between_exit_and_commit(
     then start it again. The worktree's index lock is held so the commit after the exit
     fails (a transient git error, retried): ``go`` lets the agent finish, and the daemon is
     killed once its log shows the refused commit, with the task still ``working``."""
-    gitdir = Path(git(worktree, "rev-parse", "--absolute-git-dir"))
+    gitdir = Path(git(worktree, "rev-parse", "--absolute-git-dir").strip())
     lock = gitdir / "index.lock"
     lock.write_text("")
     go.write_text("")

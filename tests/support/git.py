@@ -7,14 +7,14 @@ from pathlib import Path
 
 
 def git(root: Path, *args: str, check: bool = True, env: dict[str, str] | None = None) -> str:
-    """``git -C ROOT ARGS``; its stdout stripped. With ``check`` (the default) a failing
-    command fails the test with git's stderr."""
+    """``git -C ROOT ARGS``; its stdout as git wrote it (``.strip()`` it for one value).
+    With ``check`` (the default) a failing command fails the test with git's stderr."""
     done = subprocess.run(
         ["git", "-C", str(root), *args], capture_output=True, text=True, check=False, env=env
     )
     if check and done.returncode != 0:
         raise AssertionError(f"git {' '.join(args)} failed ({done.returncode}): {done.stderr}")
-    return done.stdout.strip()
+    return done.stdout
 
 
 def git_show(root: Path, rev_path: str) -> str | None:

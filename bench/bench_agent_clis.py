@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.bench_spawn import GIT_IDENTITY, EventTap, agent_daemon, api, git_env, request
+from bench.baselines import GIT_IDENTITY, git_env
 from bench.common import Check, RawHTTP, make_repo, median, remove_repo, result
+from bench.harness import EventTap, agent_daemon, api, request
 from gridd.adapters.registry import get_adapter
 from tests import anthropic_standin, gemini_standin, openai_standin
 from tests.real_cli import (

@@ -23,28 +23,17 @@ that cannot be skipped, in series: ``bd ready``, ``bd update --claim``, ``git wo
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.bench_spawn import (
-    TRIVIAL_AGENT,
-    EventTap,
-    api,
-    git_env,
-    kill_agents,
-    stop_session,
-    write_config,
-)
+from bench.baselines import git_env
+from bench.beads_data import BD, add_bead, beads_repo
 from bench.common import (
-    ROOT,
     Check,
     RawHTTP,
     latency_baseline,
-    make_repo,
     median,
     ms_summary,
     remove_repo,
@@ -52,53 +41,19 @@ from bench.common import (
     running_gridd,
     wait_until,
 )
+from bench.harness import TRIVIAL_AGENT, EventTap, api, kill_agents, stop_session, write_config
 
 NAME = "beads"
 RUNS = 12
 RUNS_QUICK = 5
 TARGET_MS = 150.0
 SETTLE_S = 0.3
-BD = [sys.executable, "-I", "-S", str(ROOT / "tests" / "fakes" / "bd")]
-
-
-def bead(bead_id: str) -> dict[str, Any]:
-    return {
-        "id": bead_id,
-        "title": f"bead {bead_id}",
-        "description": "write one file",
-        "status": "open",
-        "priority": 2,
-        "issue_type": "task",
-        "created_at": "2026-11-23T00:00:00Z",
-        "updated_at": "2026-11-23T00:00:00Z",
-    }
-
-
-def add_bead(root: Path, bead_id: str) -> None:
-    """Land a new ready bead in bd's data the way a commit does: one atomic rename."""
-    add_beads(root, [bead_id])
-
-
-def add_beads(root: Path, bead_ids: list[str]) -> None:
-    db_path = root / ".beads" / "fake-bd.json"
-    db = json.loads(db_path.read_text())
-    db["issues"].extend(bead(b) for b in bead_ids)
-    tmp = db_path.with_name("incoming.tmp")
-    tmp.write_text(json.dumps(db))
-    os.replace(tmp, db_path)
 
 
 def _in_review(root: Path, bead_id: str) -> bool:
     db = json.loads((root / ".beads" / "fake-bd.json").read_text())
     issue = next((i for i in db["issues"] if i["id"] == bead_id), {})
     return "gridd:review" in (issue.get("labels") or [])
-
-
-def beads_repo() -> Path:
-    root = make_repo()
-    (root / ".beads").mkdir()
-    (root / ".beads" / "fake-bd.json").write_text(json.dumps({"issues": []}))
-    return root
 
 
 def _bd(root: Path, *args: str) -> str:

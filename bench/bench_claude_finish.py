@@ -24,8 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.bench_spawn import GIT_IDENTITY, EventTap, agent_daemon, api, git_env, request
+from bench.baselines import GIT_IDENTITY, git_env
 from bench.common import Check, RawHTTP, make_repo, median, remove_repo, result
+from bench.harness import EventTap, agent_daemon, api, request
 from gridd.settings import CLAUDE_STREAM_ARGS
 
 NAME = "claude_finish"

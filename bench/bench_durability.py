@@ -31,7 +31,6 @@ from typing import Any
 
 import psutil
 
-from bench.bench_spawn import api, kill_agents, workspace_processes, write_config
 from bench.common import (
     PYTHON,
     Check,
@@ -43,6 +42,7 @@ from bench.common import (
     remove_repo,
     result,
 )
+from bench.harness import api, kill_agents, workspace_processes, write_config
 
 NAME = "durability"
 AGENTS = 5

@@ -31,8 +31,8 @@ from typing import Any
 
 import psutil
 
-from bench.bench_spawn import _dechunk, _parse_block, agent_daemon, api
 from bench.common import Check, RawHTTP, result
+from bench.harness import agent_daemon, api, dechunk, parse_sse_block
 
 NAME = "flood"
 MIB = 20
@@ -86,10 +86,10 @@ class _Reader:
             began, taken = time.monotonic(), 0
             while not self.stop.is_set():
                 raw += data
-                done = _dechunk(raw, payload)
+                done = dechunk(raw, payload)
                 pos = 0
                 while (end := payload.find(b"\r\n\r\n", pos)) >= 0:
-                    event = _parse_block(bytes(payload[pos:end]))
+                    event = parse_sse_block(bytes(payload[pos:end]))
                     pos = end + 4
                     if (
                         event is not None

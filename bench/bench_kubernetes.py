@@ -31,8 +31,8 @@ from typing import Any
 
 import psutil
 
-from bench.bench_spawn import TRIVIAL_AGENT, EventTap, _of_task, agent_daemon, api
 from bench.common import Check, RawHTTP, latency_baseline, median, ms_summary, result
+from bench.harness import TRIVIAL_AGENT, EventTap, agent_daemon, api, of_task
 
 NAME = "kubernetes"
 RUNS = 20
@@ -58,12 +58,12 @@ def _block(http: RawHTTP, tap: EventTap, pid: int, profile: str, runs: int) -> d
             cpu_before = times.user + times.system
         started = time.monotonic()
         api(http, "POST", f"/tasks/{task['id']}/start")
-        arrived, event = tap.expect(_of_task(task["id"]), timeout=60)
+        arrived, event = tap.expect(of_task(task["id"]), timeout=60)
         if event.type != "agent.spawned":
             raise RuntimeError(f"{task['id']}: {event.type} {event.data}")
         if n >= 1:
             latencies.append(arrived - started)
-        _, done = tap.expect(_of_task(task["id"]), timeout=60)
+        _, done = tap.expect(of_task(task["id"]), timeout=60)
         if done.type != "agent.completed":
             raise RuntimeError(f"{task['id']}: {done.type} {done.data}")
     times = daemon.cpu_times()

@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -26,18 +25,17 @@ from typing import Any
 
 import psutil
 
-from bench.bench_spawn import (
-    GIT_IDENTITY,
+from bench.baselines import FEATURE, git, merge_script_seconds
+from bench.common import Check, RawHTTP, make_repo, remove_repo, result, running_gridd
+from bench.harness import (
     TRIVIAL_AGENT,
     EventTap,
     agent_daemon,
     api,
-    git_env,
     kill_agents,
     stop_session,
     write_config,
 )
-from bench.common import Check, RawHTTP, make_repo, remove_repo, result, running_gridd
 from gridd.client import SSEEvent
 
 NAME = "merge"
@@ -50,55 +48,9 @@ RADAR_TASKS = 8
 IDLE_WINDOW_S = 33.0  # more than one quiet re-read (10 sweeps of 3 s)
 IDLE_WINDOW_QUICK_S = 12.0
 TIMEOUT_S = 300.0
-FEATURE = "feature/bench"
-
-
-def _git(root: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *GIT_IDENTITY, *args],
-        cwd=root,
-        env=git_env(),
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
 
 
 # -- baseline ------------------------------------------------------------------------------------
-
-
-def _baseline(tasks: int) -> float:
-    """Seconds per merge for a plain script merging ``tasks`` one-file branches."""
-    root = make_repo()
-    try:
-        for i in range(tasks):
-            _git(root, "checkout", "-q", "-b", f"grid/b{i}", "main")
-            (root / f"b{i}.txt").write_text(f"work for b{i}\n")
-            _git(root, "add", f"b{i}.txt")
-            _git(root, "commit", "-q", "-m", f"b{i}")
-        _git(root, "checkout", "-q", "main")
-        _git(root, "branch", FEATURE, "main")
-        integration = root / ".grid" / "integration"
-        _git(root, "worktree", "add", "-q", "--detach", str(integration), FEATURE)
-        started = time.monotonic()
-        for i in range(tasks):
-            tip = _git(root, "rev-parse", FEATURE).strip()
-            _git(integration, "reset", "-q", "--hard", tip, "--")
-            _git(
-                integration,
-                "merge",
-                "-q",
-                "--no-ff",
-                "--no-edit",
-                "-m",
-                f"merge b{i}",
-                f"grid/b{i}",
-            )
-            new = _git(integration, "rev-parse", "HEAD").strip()
-            _git(root, "update-ref", f"refs/heads/{FEATURE}", new, tip)
-        return (time.monotonic() - started) / tasks
-    finally:
-        remove_repo(root)
 
 
 # -- gridd -----------------------------------------------------------------------------------------
@@ -172,8 +124,8 @@ def _big_repo() -> Path:
         folder.mkdir(parents=True)
         for f in range(100):
             (folder / f"f{f}.py").write_text(f"# file {d}/{f}\nVALUE = {d * 100 + f}\n")
-    _git(root, "add", "-A")
-    _git(root, "commit", "-q", "-m", f"{RADAR_FILES} files")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", f"{RADAR_FILES} files")
     return root
 
 
@@ -212,7 +164,7 @@ def run(quick: bool) -> dict[str, Any]:
     base_runs: list[float] = []
     gridd_runs: list[dict[str, Any]] = []
     for _ in range(ROUNDS):
-        base_runs.append(_baseline(TASKS))
+        base_runs.append(merge_script_seconds(TASKS))
         gridd_runs.append(_gridd(TASKS))
     base = min(base_runs)
     gridd = min(gridd_runs, key=lambda g: float(g["per_merge_s"]))

@@ -30,8 +30,8 @@ from typing import Any
 
 import psutil
 
-from bench.bench_spawn import agent_daemon, api
 from bench.common import Check, RawHTTP, median, percentile, result
+from bench.harness import agent_daemon, api
 from bench.inprocess import busy_grid
 
 NAME = "metrics"

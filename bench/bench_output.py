@@ -31,8 +31,8 @@ from typing import Any
 
 import psutil
 
-from bench.bench_spawn import EventTap, agent_daemon, api
 from bench.common import Check, RawHTTP, median, result
+from bench.harness import EventTap, agent_daemon, api
 from gridd.client import SSEEvent
 
 NAME = "output"

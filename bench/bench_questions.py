@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.bench_spawn import EventTap, agent_daemon, api, request
 from bench.common import PYTHON, ROOT, Check, RawHTTP, median, percentile, result
+from bench.harness import EventTap, agent_daemon, api, request
 
 NAME = "questions"
 QUESTIONS = 20

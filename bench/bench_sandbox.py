@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.bench_spawn import TRIVIAL_AGENT, EventTap, _of_task, agent_daemon, api
 from bench.common import (
     Check,
     RawHTTP,
@@ -42,6 +41,7 @@ from bench.common import (
     result,
     temp_repo,
 )
+from bench.harness import TRIVIAL_AGENT, EventTap, agent_daemon, api, of_task
 from gridd.git.private import PrivateRepos
 from gridd.git.worktrees import Worktrees
 from gridd.runs import landlock
@@ -81,12 +81,12 @@ def _spawns(runs: int, *, network: bool) -> dict[str, list[float]]:
         for n, task in enumerate(tasks):
             started = time.monotonic()
             api(http, "POST", f"/tasks/{task['id']}/start")
-            arrived, event = tap.expect(_of_task(task["id"]), timeout=30)
+            arrived, event = tap.expect(of_task(task["id"]), timeout=30)
             if event.type != "agent.spawned":
                 raise RuntimeError(f"{task['id']}: {event.type} {event.data}")
             if n >= len(profiles):
                 latencies[task["agent"]].append(arrived - started)
-            _, done = tap.expect(_of_task(task["id"]), timeout=30)
+            _, done = tap.expect(of_task(task["id"]), timeout=30)
             if done.type != "agent.completed":
                 raise RuntimeError(f"{task['id']}: {done.type} {done.data}")
     return latencies

@@ -41,7 +41,6 @@ from typing import Any
 
 import psutil
 
-from bench.bench_spawn import api
 from bench.common import (
     Check,
     RawHTTP,
@@ -51,6 +50,7 @@ from bench.common import (
     running_gridd,
     temp_repo,
 )
+from bench.harness import api
 from bench.inprocess import busy_grid
 from bench.scale_agents import measure
 

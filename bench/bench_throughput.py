@@ -21,24 +21,14 @@ two rounds (baseline first) and the fastest of each is compared; all are reporte
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import psutil
 
-from bench.bench_spawn import (
-    GIT_IDENTITY,
-    TRIVIAL_AGENT,
-    EventTap,
-    agent_daemon,
-    api,
-    git_env,
-)
+from bench.baselines import GIT_IDENTITY, git_async, git_env
 from bench.common import Check, RawHTTP, make_repo, remove_repo, result
-from gridd.client import SSEEvent
+from bench.harness import TRIVIAL_AGENT, AgentTally, EventTap, agent_daemon, api, peak_processes
 
 NAME = "throughput"
 TASKS = 200
@@ -50,28 +40,6 @@ TIMEOUT_S = 120.0
 
 
 # -- baseline -------------------------------------------------------------------------------------
-
-
-async def _git(cwd: Path, *args: str, env: dict[str, str]) -> str:
-    proc = await asyncio.create_subprocess_exec(
-        "git",
-        *args,
-        cwd=str(cwd),
-        env=env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await proc.communicate()
-    except asyncio.CancelledError:
-        if proc.returncode is None:
-            proc.terminate()  # git removes its lock files on SIGTERM
-            await asyncio.shield(proc.wait())
-        raise
-    if proc.returncode:
-        raise RuntimeError(f"git {' '.join(args[:3])}: {err.decode().strip()}")
-    return out.decode()
 
 
 def machine_busy() -> float:
@@ -87,7 +55,7 @@ async def _baseline(tasks: int) -> dict[str, float]:
         (root / ".git" / "info" / "exclude").write_text(".grid/\n")
         wt_dir = root / ".grid" / "worktrees"
         wt_dir.mkdir(parents=True)
-        base = (await _git(root, "rev-parse", "HEAD", env=env)).strip()
+        base = (await git_async(root, "rev-parse", "HEAD", env=env)).strip()
         sem = asyncio.Semaphore(MAX_AGENTS)
         # Concurrent ``git worktree add`` in one repository race (one reads another's
         # half-written .git/worktrees/<name>/commondir and fails): a plain script serialises
@@ -99,7 +67,7 @@ async def _baseline(tasks: int) -> dict[str, float]:
             path = wt_dir / task_id
             async with sem:
                 async with add_lock:
-                    await _git(
+                    await git_async(
                         root,
                         "worktree",
                         "add",
@@ -121,13 +89,13 @@ async def _baseline(tasks: int) -> dict[str, float]:
                 if await agent.wait() != 0:
                     raise RuntimeError(f"agent {task_id} failed")
                 if (
-                    await _git(path, "status", "--porcelain", "--untracked-files=all", env=env)
+                    await git_async(path, "status", "--porcelain", "--untracked-files=all", env=env)
                 ).strip():
-                    await _git(path, "add", "-A", "--", ".", env=env)
-                    await _git(
+                    await git_async(path, "add", "-A", "--", ".", env=env)
+                    await git_async(
                         path, *GIT_IDENTITY, "commit", "-q", "--no-verify", "-m", task_id, env=env
                     )
-                await _git(path, "diff", "--name-only", f"{base}..HEAD", "--", env=env)
+                await git_async(path, "diff", "--name-only", f"{base}..HEAD", "--", env=env)
 
         busy0 = machine_busy()
         started = time.monotonic()
@@ -146,59 +114,9 @@ async def _baseline(tasks: int) -> dict[str, float]:
 # -- gridd --------------------------------------------------------------------------------------------
 
 
-class _Tally:
-    """Counts completions and live agents from the event stream (in the reader thread)."""
-
-    def __init__(self, expect: int) -> None:
-        self.expect = expect
-        self.completed = 0
-        self.failed: list[dict[str, Any]] = []
-        #: ``task.start_failed``: the start is retried after a backoff, so it only costs time.
-        self.start_failures: list[dict[str, Any]] = []
-        self.live = 0
-        self.peak = 0
-        self.first_spawn: float | None = None
-        self.last_completed = 0.0
-        self.done = threading.Event()
-
-    def __call__(self, now: float, event: SSEEvent) -> None:
-        if event.type == "agent.spawned":
-            self.live += 1
-            self.peak = max(self.peak, self.live)
-            if self.first_spawn is None:
-                self.first_spawn = now
-        elif event.type in ("agent.completed", "agent.failed", "agent.stopped"):
-            self.live -= 1
-            if event.type == "agent.completed":
-                self.completed += 1
-                self.last_completed = now
-            else:
-                self.failed.append(event.data)
-        elif event.type == "task.start_failed":
-            self.start_failures.append(event.data)
-        if self.completed >= self.expect or self.failed:
-            self.done.set()
-
-
-def peak_processes(runs_dir: Path) -> int:
-    """Most agent processes alive at once, from each run's ``agent.json`` ``startedAt`` to
-    its ``exit.json`` ``endedAt`` (both written by the shim). Events overstate it: a slot is
-    free from the agent's exit, before its work is committed and ``agent.completed`` is
-    published (as ``tests/test_core_loop.py`` measures it)."""
-    spans = []
-    for run in runs_dir.iterdir():
-        try:
-            began = json.loads((run / "agent.json").read_text())["startedAt"]
-            ended = json.loads((run / "exit.json").read_text())["endedAt"]
-        except (OSError, ValueError, KeyError):
-            continue
-        spans.append((float(began), float(ended)))
-    return max((sum(1 for s, e in spans if s <= start < e) for start, _ in spans), default=0)
-
-
 def _gridd(tasks: int) -> dict[str, Any]:
     agents = {"trivial": {"command": TRIVIAL_AGENT}}
-    tally = _Tally(tasks)
+    tally = AgentTally(tasks)
     types = [
         "agent.spawned",
         "agent.completed",

@@ -29,16 +29,9 @@ import threading
 import time
 from typing import Any
 
-from bench.bench_merge import _baseline
-from bench.bench_spawn import (
-    TRIVIAL_AGENT,
-    EventTap,
-    api,
-    kill_agents,
-    stop_session,
-    write_config,
-)
+from bench.baselines import merge_script_seconds
 from bench.common import Check, RawHTTP, make_repo, remove_repo, result, running_gridd
+from bench.harness import TRIVIAL_AGENT, EventTap, api, kill_agents, stop_session, write_config
 from gridd.client import SSEEvent
 
 NAME = "train"
@@ -154,7 +147,7 @@ def _train(*, max_batch: int, bad: str | None, slots: int = 1) -> dict[str, Any]
 
 
 def run(quick: bool) -> dict[str, Any]:
-    script = _baseline(TASKS)  # the plain git script's seconds per merge
+    script = merge_script_seconds(TASKS)  # the plain git script's seconds per merge
     queue = _train(max_batch=1, bad=None)
     good = _train(max_batch=TASKS, bad=None)
     one_bad = _train(max_batch=TASKS, bad=BAD)

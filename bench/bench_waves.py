@@ -28,18 +28,18 @@ import json
 import time
 from typing import Any
 
-from bench.bench_beads import BD, add_beads, beads_repo
-from bench.bench_spawn import (
-    GIT_IDENTITY,
+from bench.baselines import GIT_IDENTITY, git_async, git_env
+from bench.beads_data import BD, add_beads, beads_repo
+from bench.common import Check, RawHTTP, make_repo, remove_repo, result, running_gridd
+from bench.harness import (
+    AgentTally,
     EventTap,
     api,
-    git_env,
     kill_agents,
+    peak_processes,
     stop_session,
     write_config,
 )
-from bench.bench_throughput import _git, _Tally, peak_processes
-from bench.common import Check, RawHTTP, make_repo, remove_repo, result, running_gridd
 
 NAME = "waves"
 TASKS = 20
@@ -62,7 +62,7 @@ async def _baseline(tasks: int) -> float:
         (root / ".git" / "info" / "exclude").write_text(".grid/\n")
         wt_dir = root / ".grid" / "worktrees"
         wt_dir.mkdir(parents=True)
-        base = (await _git(root, "rev-parse", "HEAD", env=env)).strip()
+        base = (await git_async(root, "rev-parse", "HEAD", env=env)).strip()
         sem = asyncio.Semaphore(SLOTS)
         add_lock = asyncio.Lock()
 
@@ -71,7 +71,7 @@ async def _baseline(tasks: int) -> float:
             path = wt_dir / task_id
             async with sem:
                 async with add_lock:
-                    await _git(
+                    await git_async(
                         root, "worktree", "add", "-q", "-b", f"grid/{task_id}", "--",
                         str(path), base, env=env,
                     )  # fmt: skip
@@ -84,9 +84,11 @@ async def _baseline(tasks: int) -> float:
                 )
                 if await agent.wait() != 0:
                     raise RuntimeError(f"agent {task_id} failed")
-            await _git(path, "add", "-A", "--", ".", env=env)
-            await _git(path, *GIT_IDENTITY, "commit", "-q", "--no-verify", "-m", task_id, env=env)
-            await _git(path, "diff", "--name-only", f"{base}..HEAD", "--", env=env)
+            await git_async(path, "add", "-A", "--", ".", env=env)
+            await git_async(
+                path, *GIT_IDENTITY, "commit", "-q", "--no-verify", "-m", task_id, env=env
+            )
+            await git_async(path, "diff", "--name-only", f"{base}..HEAD", "--", env=env)
 
         started = time.monotonic()
         await asyncio.gather(*(one(i) for i in range(tasks)))
@@ -97,7 +99,7 @@ async def _baseline(tasks: int) -> float:
 
 def _gridd(tasks: int, *, through_beads: bool, prepare_ahead: int | None = None) -> dict[str, Any]:
     root = beads_repo() if through_beads else make_repo()
-    tally = _Tally(tasks)
+    tally = AgentTally(tasks)
     try:
         scheduler = {} if prepare_ahead is None else {"prepare_ahead": prepare_ahead}
         write_config(

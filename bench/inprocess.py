@@ -10,8 +10,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from bench.bench_spawn import kill_agents
 from bench.common import make_repo, remove_repo
+from bench.harness import kill_agents
 
 
 @contextlib.asynccontextmanager

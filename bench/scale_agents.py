@@ -33,7 +33,6 @@ from typing import Any
 
 import psutil
 
-from bench.bench_spawn import api, kill_agents, workspace_processes, write_config
 from bench.common import (
     RawHTTP,
     launch_gridd,
@@ -43,6 +42,7 @@ from bench.common import (
     running_gridd,
     wait_until,
 )
+from bench.harness import api, kill_agents, workspace_processes, write_config
 
 TICK_AGENT = Path(__file__).resolve().parent / "agents" / "tick.py"
 _TICK = re.compile(rb"tick (\d+\.\d+)")

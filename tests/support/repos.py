@@ -55,7 +55,8 @@ def write_config(root: Path, text: str) -> None:
     (grid / "config.toml").write_text(text)
 
 
-def _toml(value: object) -> str:
+def toml_value(value: object) -> str:
+    """``value`` written as a TOML value (a dict as an inline table)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
@@ -63,9 +64,9 @@ def _toml(value: object) -> str:
     if isinstance(value, str):
         return json.dumps(value)  # a JSON string is a valid TOML basic string
     if isinstance(value, list):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
@@ -77,10 +78,10 @@ def write_core_config(
 ) -> None:
     """``.grid/config.toml`` with agent profiles and (fast by default) scheduler settings."""
     lines = ["[scheduler]"]
-    lines += [f"{k} = {_toml(v)}" for k, v in {**FAST_SCHEDULER, **(scheduler or {})}.items()]
+    lines += [f"{k} = {toml_value(v)}" for k, v in {**FAST_SCHEDULER, **(scheduler or {})}.items()]
     for name, profile in (agents or {}).items():
         lines.append(f"\n[agents.{name}]")
-        lines += [f"{k} = {_toml(v)}" for k, v in profile.items()]
+        lines += [f"{k} = {toml_value(v)}" for k, v in profile.items()]
     write_config(root, "\n".join(lines) + "\n")
 
 

@@ -18,6 +18,7 @@ from gridd.git.worktrees import WorktreeGone, Worktrees
 from gridd.model import Task, TaskStatus
 from tests.support.api import wait_task_status
 from tests.support.daemons import core_daemon, kill9_between_exit_and_commit, restartable_daemon
+from tests.support.git import git
 from tests.support.processes import process_gone
 from tests.support.repos import write_core_config
 from tests.support.sse import event_log
@@ -31,12 +32,6 @@ WAITING_AGENT = (
     "while not os.path.exists(sys.argv[1]): time.sleep(0.02)\n"
 )
 FEATURE = "feature/prep"
-
-
-def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
-    ).stdout.strip()
 
 
 def has_branch(repo: Path, branch: str) -> bool:
@@ -129,7 +124,9 @@ def test_a_cancelled_tasks_prepared_worktree_is_removed_and_the_task_never_start
         wait_for(lambda: c.get("/agents"), timeout=30)
         path = prepared(repo, "second")
         assert c.get("/tasks/second")["status"] == "ready"
-        assert git(repo, "rev-parse", "grid/second") == git(repo, "rev-parse", FEATURE)
+        assert (
+            git(repo, "rev-parse", "grid/second").strip() == git(repo, "rev-parse", FEATURE).strip()
+        )
         assert c.request("DELETE", "/tasks/second")["status"] == "cancelled"
         wait_for(
             lambda: not path.exists() and not has_branch(repo, "grid/second"),
@@ -155,20 +152,20 @@ def test_a_task_whose_dependency_merged_after_preparation_starts_from_the_new_ti
         c.post("/tasks", {"id": "after", "title": "builds on dep", "dependsOn": ["dep"]})
         c.post("/session/start", {"featureBranch": FEATURE, "maxAgents": 2})
         path = prepared(repo, "after")  # while dep works: the next wave
-        old_tip = git(repo, "rev-parse", FEATURE)
-        assert git(path, "rev-parse", "HEAD") == old_tip
+        old_tip = git(repo, "rev-parse", FEATURE).strip()
+        assert git(path, "rev-parse", "HEAD").strip() == old_tip
         assert c.get("/tasks/after")["status"] == "pending"
         inode = path.stat().st_ino
         go.write_text("")
         wait_task_status(c, "dep", "review")
         c.post("/tasks/dep/approve")
         wait_task_status(c, "dep", "done")
-        new_tip = git(repo, "rev-parse", FEATURE)
+        new_tip = git(repo, "rev-parse", FEATURE).strip()
         assert new_tip != old_tip
         after = wait_task_status(c, "after", "review")
         assert after["baseCommit"] == new_tip  # never the stale base it was prepared from
         assert after["changedFiles"] == ["after.txt"]
-        assert git(path, "show", "HEAD:dep.txt") == "work of dep"
+        assert git(path, "show", "HEAD:dep.txt").strip() == "work of dep"
         assert path.stat().st_ino == inode  # moved in place, not made again
         spawned = event_log(c, types={"agent.spawned"})
         assert sorted(e.data["taskId"] for e in spawned) == ["after", "dep"]
@@ -194,8 +191,8 @@ def test_a_daemon_killed_between_agent_exit_and_commit_with_a_worktree_prepared_
         kept = wait_task_status(c, "kept", "review", timeout=60)
         nxt = wait_task_status(c, "next", "review", timeout=60)
         assert kept["changedFiles"] == ["kept.txt"] and nxt["changedFiles"] == ["next.txt"]
-        assert git(worktree, "show", "HEAD:kept.txt") == "work of kept"
-        assert nxt["baseCommit"] == git(repo, "rev-parse", FEATURE)
+        assert git(worktree, "show", "HEAD:kept.txt").strip() == "work of kept"
+        assert nxt["baseCommit"] == git(repo, "rev-parse", FEATURE).strip()
         # One agent per task (a spawn cut short by the kill is adopted, not redone).
         completed = sorted(e.data["taskId"] for e in event_log(c, types={"agent.completed"}))
         assert completed == ["kept", "next"]
@@ -248,7 +245,7 @@ def test_a_task_prepared_before_a_restart_starts_in_its_worktree_after_it(
         for task in settled:
             n = task["id"][1:]
             assert task["changedFiles"] == [f"t{n}.txt"]
-            assert git(repo, "show", f"grid/t{n}:t{n}.txt") == f"work of t{n}"
+            assert git(repo, "show", f"grid/t{n}:t{n}.txt").strip() == f"work of t{n}"
         assert not event_log(c, types={"agent.finish_failed", "task.start_failed"})
         spawned = [e.data["taskId"] for e in event_log(c, types={"agent.spawned"})]
         assert sorted(spawned) == [f"t{n}" for n in range(1, 7)]
@@ -271,7 +268,7 @@ def test_a_task_whose_worktree_and_branch_are_gone_starts_afresh(repo: Path) -> 
             await worktrees.record(first.path, "never")
         again = await worktrees.create("t", None, known_base=first.base)
         assert (again.path / ".git").exists() and again.branch == first.branch
-        assert again.base == git(repo, "rev-parse", "HEAD")
-        assert git(again.path, "rev-parse", "HEAD") == again.base
+        assert again.base == git(repo, "rev-parse", "HEAD").strip()
+        assert git(again.path, "rev-parse", "HEAD").strip() == again.base
 
     asyncio.run(main())

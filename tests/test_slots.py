@@ -3,12 +3,12 @@ the work: a daemon killed in between commits it after its restart, with no secon
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 from tests.support.api import wait_task_status
 from tests.support.daemons import kill9_between_exit_and_commit, restartable_daemon
+from tests.support.git import git
 from tests.support.repos import write_core_config
 from tests.support.sse import event_log
 from tests.support.waits import wait_for
@@ -19,12 +19,6 @@ WAITING_AGENT = (
     "pathlib.Path('work.txt').write_text('work of ' + os.environ['GRID_TASK_ID'])\n"
     "while not os.path.exists(sys.argv[1]): time.sleep(0.02)\n"
 )
-
-
-def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
-    ).stdout.strip()
 
 
 def test_a_daemon_killed_between_agent_exit_and_commit_loses_nothing(
@@ -43,7 +37,7 @@ def test_a_daemon_killed_between_agent_exit_and_commit_loses_nothing(
         kill9_between_exit_and_commit(grid, c, worktree, go, "kept")
         task = wait_task_status(c, "kept", "review", timeout=60)
         assert task["changedFiles"] == ["work.txt"]
-        assert git(worktree, "status", "--porcelain") == ""
-        assert git(worktree, "show", "HEAD:work.txt") == "work of kept"
+        assert git(worktree, "status", "--porcelain").strip() == ""
+        assert git(worktree, "show", "HEAD:work.txt").strip() == "work of kept"
         assert len(event_log(c, types={"agent.spawned"})) == 1
         assert len(event_log(c, types={"agent.completed"})) == 1

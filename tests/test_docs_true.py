@@ -92,12 +92,17 @@ def python_files() -> list[str]:
 
 @cache
 def classes() -> dict[str, set[str]]:
-    """Class name -> the names it defines (methods, attributes), over all of gridd."""
+    """Class name -> the names it defines (methods, attributes) or inherits from a class of
+    gridd's (``Store`` from ``Writes`` and the others of ``gridd/store/``), over all of gridd."""
     found: dict[str, set[str]] = {}
+    bases: dict[str, set[str]] = {}
     for path in CODE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef):
                 names = found.setdefault(node.name, set())
+                bases.setdefault(node.name, set()).update(
+                    b.id for b in node.bases if isinstance(b, ast.Name)
+                )
                 for item in node.body:
                     if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
                         names.add(item.name)
@@ -114,7 +119,14 @@ def classes() -> dict[str, set[str]]:
                         and isinstance(sub.ctx, ast.Store)
                     ):
                         names.add(sub.attr)
-    return found
+
+    def inherited(name: str, seen: frozenset[str] = frozenset()) -> set[str]:
+        own = set(found.get(name, set()))
+        for base in bases.get(name, set()) - seen - {name}:
+            own |= inherited(base, seen | {name})
+        return own
+
+    return {name: inherited(name) for name in found}
 
 
 def code_problem(text: str) -> str | None:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.git import git
+
 
 def _run(repo: Path, *args: str, **grid_env: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRID_")}
@@ -32,14 +34,8 @@ def _run(repo: Path, *args: str, **grid_env: str) -> subprocess.CompletedProcess
 
 def _snapshot(repo: Path) -> tuple[str, str, list[str]]:
     """HEAD, the status and every file: what the agent must not change."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
-        ).stdout
-
     files = sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if ".git" not in p.parts)
-    return git("rev-parse", "HEAD"), git("status", "--porcelain", "--ignored"), files
+    return git(repo, "rev-parse", "HEAD"), git(repo, "status", "--porcelain", "--ignored"), files
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h"])

@@ -45,6 +45,7 @@ from gridd.settings import Settings
 from gridd.sources.beads import BeadsSource
 from gridd.state import GridState
 from gridd.store import Store
+from gridd.storehealth import StoreHealth
 from gridd.workspace import Workspace
 
 
@@ -76,6 +77,10 @@ def compose(
     # Whether ``.grid/`` takes writes (a full or read-only disk pauses starts).
     disk = DiskFault(workspace.grid_dir, announce=background.supervisor.announce_safely)
     state = GridState(store, bus)
+    warnings: list[str] = []  # /health's, appended to by the store's health
+    store_health = StoreHealth(
+        store=store, bus=bus, supervisor=background.supervisor, disk=disk, warnings=warnings
+    )
     worktrees = Worktrees(workspace.root, workspace.worktrees_dir)
     # Sandboxed runs' own repositories in their worktrees (git/private.py).
     private = PrivateRepos(worktrees)
@@ -208,6 +213,8 @@ def compose(
         commands=commands,
         prepared=prepared,
         radar=overlaps,
+        store_health=store_health,
+        warnings=warnings,
     )
 
 

@@ -17,7 +17,6 @@ from collections.abc import Callable, Hashable
 from gridd import API_VERSION, HANDOVER_PROTOCOL, __version__
 from gridd.background import Background
 from gridd.commands import Commands
-from gridd.dbguard import Problem
 from gridd.diskfault import DISK_PART, DiskFault
 from gridd.errors import GriddError
 from gridd.events import EventBus
@@ -51,14 +50,10 @@ from gridd.sources.beads import SOURCE as BEADS
 from gridd.sources.beads import BeadsSource
 from gridd.state import GridState
 from gridd.store import Store
+from gridd.storehealth import STORE_PART, StoreHealth
 from gridd.workspace import Workspace
 
 log = logging.getLogger(__name__)
-
-#: How often the database file is checked for having been unlinked or replaced.
-STORE_CHECK_SECONDS = 1.0
-#: The name /health and the daemon.degraded event give a state database that cannot write.
-STORE_PART = "store"
 
 TERMINAL_OK = frozenset({TaskStatus.DONE, TaskStatus.CANCELLED})
 
@@ -93,6 +88,8 @@ class Grid:
         commands: Commands,
         prepared: PreparedWorktrees,
         radar: Radar,
+        store_health: StoreHealth,
+        warnings: list[str],
     ) -> None:
         self.workspace = workspace
         self.settings = settings
@@ -122,26 +119,18 @@ class Grid:
         self.radar = radar
         #: Reads this façade's parts at scrape time (a ``MetricsSource``).
         self.metrics = DaemonMetrics(self, events=events)
-        self._store_degraded = False
+        #: The state database's health while running (the part ``store-watch``).
+        self.store_health = store_health
         self.started_at = utcnow()
         self._started_mono = time.monotonic()
-        self.warnings: list[str] = []
+        #: What ``/health`` warns of besides the parts' states (the store's findings too).
+        self.warnings = warnings
         self._shutdown_callback: Callable[[], None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
-        report = self.store.report
-        if report.quarantined:
-            moved = ", ".join(str(p) for p in report.quarantined)
-            warning = f"state database was unreadable ({report.reason}); moved aside to {moved}"
-            self.warnings.append(warning)
-            self.bus.publish(
-                "daemon.store_quarantined",
-                {"reason": report.reason, "movedTo": [str(p) for p in report.quarantined]},
-            )
-        for problem in report.problems:
-            self._store_problem(problem)
+        self.store_health.announce_opening()
         self.bus.publish("daemon.started", {"pid": os.getpid(), "version": __version__})
         await self.worktrees.setup()
         self.workspace.runs_dir.mkdir(mode=0o700, exist_ok=True)
@@ -161,7 +150,7 @@ class Grid:
         self.notifier.start()
         self.background.supervise("event-log-pruner", self._prune_loop)
         # "store-watch": the part's name in /health and the docs, kept.
-        self.background.supervise("store-watch", self._store_check_loop, core=True)
+        self.background.supervise("store-watch", self.store_health.run, core=True)
         if not self.settings.scheduler.step_mode:
             self.background.supervise("scheduler", self.scheduler.run, core=True)
         self.merges.start()
@@ -233,43 +222,6 @@ class Grid:
         self._end_streams()
         if self._shutdown_callback is not None:
             self._shutdown_callback()
-
-    def _store_problem(self, problem: Problem) -> None:
-        """Announce a threat to the state files: log, /health warning, event."""
-        log.error("state database: %s", problem.message)
-        self.warnings.append(problem.message)
-        self.bus.publish("daemon.store_problem", problem.wire())
-
-    async def _store_check_loop(self) -> None:
-        """The database file unlinked or replaced under a running daemon is written back;
-        a disk that refused a write is probed until it takes writes again."""
-        while True:
-            await asyncio.sleep(STORE_CHECK_SECONDS)
-            problem = self.store.check_file()
-            if problem is not None:
-                self._store_problem(problem)
-            self._check_writes()
-            if self.store.write_error is None:  # (else the store would mark it again)
-                self.disk.recheck()
-
-    def _check_writes(self) -> None:
-        """``store`` is degraded from a write refused by a full or read-only disk until a
-        probe write commits again (so the daemon recovers with no request to prompt it)."""
-        error = self.store.write_error
-        if error is not None:
-            self.disk.note(error)  # the same disk: starts pause until it takes writes
-        if error is not None and not self._store_degraded:
-            self._store_degraded = True
-            log.error("state database cannot be written: %s", error.message)
-            self.supervisor.announce_safely(
-                "daemon.degraded",
-                {"part": STORE_PART, "state": "down", "core": True, "error": error.message},
-            )
-        if self._store_degraded and self.store.probe_write():
-            self._store_degraded = False
-            log.warning("state database takes writes again")
-            self.supervisor.retry_now()  # parts that crashed on the full disk need not wait
-            self.supervisor.announce_safely("daemon.recovered", {"part": STORE_PART})
 
     async def _prune_loop(self) -> None:
         while True:

@@ -45,6 +45,8 @@ JOBS = "batch/v1/jobs"
 PODS = "v1/pods"
 #: The node the stand-in scheduler binds every pod to (``spec.nodeName``).
 NODE = "standin-node-1"
+#: The kubelet's writes on their way to the pods' watches (kept until put).
+ANNOUNCING: set[asyncio.Task[None]] = set()
 V5, V4 = "v5.channel.k8s.io", "v4.channel.k8s.io"
 
 
@@ -154,7 +156,8 @@ class Cluster(kmock.KubernetesEmulator):  # type: ignore[misc]
         )
 
     def _put_pod(self, pod: PodRun, status: dict[str, Any], spec: dict[str, Any]) -> None:
-        self.objects[PODS, pod.namespace, pod.name] = {
+        kind = "MODIFIED" if (PODS, pod.namespace, pod.name) in self.objects else "ADDED"
+        self.objects[PODS, pod.namespace, pod.name] = raw = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": pod.name, "namespace": pod.namespace, "labels": pod.labels},
@@ -162,6 +165,16 @@ class Cluster(kmock.KubernetesEmulator):  # type: ignore[misc]
             "spec": spec if status.get("phase") == "Pending" else {**spec, "nodeName": NODE},
             "status": _complete(status),
         }
+        self._announce(kind, raw)
+
+    def _announce(self, kind: str, raw: dict[str, Any]) -> None:
+        """kmock streams to its watches only what came through its API: what the kubelet
+        writes here (a kubelet's status updates) goes to the pods' watches too."""
+        buses = [bus for res, bus in self._buses.items() if getattr(res, "plural", "") == "pods"]
+        for bus in buses:  # tasks run in the order made: the events stay in order
+            task = asyncio.get_running_loop().create_task(bus.put({"type": kind, "object": raw}))
+            ANNOUNCING.add(task)
+            task.add_done_callback(ANNOUNCING.discard)
 
     def _map(self, pod: PodRun, arg: str) -> str:
         if arg == "/grid" or arg.startswith("/grid/"):

@@ -89,6 +89,9 @@ class Engine(Protocol):
     def remove(self, name: str) -> None:
         """Remove the box and all in it (nothing when it is not there)."""
 
+    def close(self) -> None:
+        """Let go of what the engine holds open (a watch); the boxes go on."""
+
 
 class DirectoryBoxes:
     """Boxes as directories under ``base`` on this machine, the shim started detached in
@@ -103,6 +106,9 @@ class DirectoryBoxes:
 
     def _dir(self, name: str) -> Path:
         return self.base / name
+
+    def close(self) -> None:
+        pass
 
     def where(self, name: str) -> dict[str, str]:
         return {"node": socket.gethostname()}

@@ -36,6 +36,7 @@ from typing import Any
 
 from gridd.errors import Conflict, GriddError
 from gridd.runs.boxes import BOXSHIM, BoxError, BoxGone, BoxInfo
+from gridd.runs.podwatch import PodWatch
 from gridd.settings import KubernetesSettings
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ ROOT = "/grid"
 CONTAINER = "box"
 #: The label on the pod template that finds a box's pod (its Job's name).
 BOX_LABEL = "grid.box"
+WORKSPACE_LABEL = "grid.workspace"
 #: One exec (a look, an answer, the result bundle) may take at most this long.
 EXEC_TIMEOUT = 120.0
 
@@ -236,6 +238,8 @@ class KubernetesEngine:
         self._client_lock = threading.Lock()
         self._pods: dict[str, str] = {}  # box -> its pod's name, once known
         self._nodes: dict[str, str] = {}  # box -> its pod's node, once scheduled
+        self._watch: PodWatch | None = None  # the workspace's pods: one watch, at first use
+        self._watch_lock = threading.Lock()
         #: API requests made, by verb (the benchmark's count).
         self.requests: dict[str, int] = {}
 
@@ -281,7 +285,7 @@ class KubernetesEngine:
                 raise BoxError(f"could not create the Job of box {name}: {exc!r}") from exc
             raise _create_error(*refusal, name) from None
         try:
-            self._wait_running(name)
+            self._wait_running(name, labels)
             files = {"boxshim.py": BOXSHIM.read_bytes(), **files}
             data = _tar(files)
             answer = self._exec_raw(
@@ -293,25 +297,42 @@ class KubernetesEngine:
             self.remove(name)
             raise
 
-    def _wait_running(self, name: str) -> str:
-        """The box's pod, once it runs (the scheduler placed it and the image is pulled)."""
-        deadline = time.monotonic() + self.settings.start_timeout_seconds
-        while True:
-            pod = self._find_pod(name)
-            phase = ((pod or {}).get("status") or {}).get("phase")
-            if phase == "Running":
-                node = ((pod or {}).get("spec") or {}).get("nodeName")
-                if node:
-                    self._nodes[name] = str(node)
-                return str(pod["metadata"]["name"])  # type: ignore[index]
-            if phase in ("Succeeded", "Failed"):
-                raise self._gone(name)
-            if time.monotonic() > deadline:
-                raise BoxError(
-                    f"the pod of box {name} did not run within"
-                    f" {self.settings.start_timeout_seconds:g}s ({phase or 'no pod yet'})"
+    def pod_watch(self, labels: Mapping[str, str]) -> PodWatch:
+        """The one watch on the workspace's pods (by its label, from the first box's)."""
+        with self._watch_lock:
+            if self._watch is None:
+                scope = {k: _label_value(v) for k, v in labels.items() if k == WORKSPACE_LABEL}
+                self._watch = PodWatch(
+                    self.client,
+                    namespace=self.settings.namespace,
+                    labels=scope,
+                    box_label=BOX_LABEL,
+                    opened=lambda: self._count("watch"),
                 )
-            time.sleep(0.25)
+            return self._watch
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+
+    def _wait_running(self, name: str, labels: Mapping[str, str]) -> str:
+        """The box's pod, once it runs (the scheduler placed it and the image is pulled):
+        told by the workspace's watch, no request of its own."""
+        timeout = self.settings.start_timeout_seconds
+        pod = self.pod_watch(labels).wait(k8s_name(name), _started, timeout)
+        phase = ((pod or {}).get("status") or {}).get("phase")
+        if phase == "Running":
+            assert pod is not None
+            self._pods[name] = str(pod["metadata"]["name"])
+            node = (pod.get("spec") or {}).get("nodeName")
+            if node:
+                self._nodes[name] = str(node)
+            return self._pods[name]
+        if phase in ("Succeeded", "Failed"):
+            raise self._gone(name)
+        raise BoxError(
+            f"the pod of box {name} did not run within {timeout:g}s ({phase or 'no pod yet'})"
+        )
 
     def _list(self, kind: str, labels: dict[str, str]) -> list[dict[str, Any]]:
         """Objects of ``kind`` (``Pod``, ``Job``) carrying ``labels``, found by the server's
@@ -453,6 +474,11 @@ class KubernetesEngine:
             answer = api_status(exc)
             if answer is None or answer[0] != 404:
                 raise BoxError(f"could not delete the Job of box {name}: {exc!r}") from None
+
+
+def _started(pod: Mapping[str, Any]) -> bool:
+    """Running, or ended before it ran: either way no more waiting."""
+    return (pod.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed")
 
 
 def _info(job: Mapping[str, Any]) -> BoxInfo:

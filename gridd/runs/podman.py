@@ -154,6 +154,9 @@ class PodmanEngine:
         labels = (row.get("Config") or {}).get("Labels") or {}
         return BoxInfo(name, bool(state.get("Running")), labels)
 
+    def close(self) -> None:
+        pass
+
     def where(self, name: str) -> dict[str, str]:
         """The container is the box; its node is this machine."""
         return {"node": socket.gethostname()}

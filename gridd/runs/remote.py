@@ -198,6 +198,7 @@ class RemoteExecutor:
             thread, self._thread = self._thread, None
         if thread is not None:
             thread.join()
+        self.engine.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():

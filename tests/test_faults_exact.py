@@ -42,14 +42,20 @@ def read_only(path: Path) -> Iterator[None]:
         _until_done(["mount", "-o", "remount,ro,bind", str(path)])
         yield
     finally:
-        _until_done(["umount", str(path)])
+        # A file a process opened through the read-only mount (a reader under load, say)
+        # keeps it busy; past a while, detach it lazily: new opens see the writable disk.
+        if not _until_done(["umount", str(path)], required=False):
+            _until_done(["umount", "-l", str(path)])
 
 
-def _until_done(argv: list[str], *, timeout: float = 10.0) -> None:
+def _until_done(argv: list[str], *, timeout: float = 10.0, required: bool = True) -> bool:
     deadline = time.monotonic() + timeout
     while (proc := subprocess.run(argv, capture_output=True, text=True)).returncode != 0:
-        assert time.monotonic() < deadline, f"{argv}: {proc.stderr}"
+        if time.monotonic() >= deadline:
+            assert not required, f"{argv}: {proc.stderr}"
+            return False
         time.sleep(0.05)
+    return True
 
 
 def test_a_read_only_grid_pauses_starts_without_counting_attempts_and_work_resumes(

@@ -24,7 +24,8 @@ from rich.table import Table
 from rich.text import Text
 
 from gridd.cli import daemonctl
-from gridd.cli.render import STOP_REASONS, parse_state, status_view
+from gridd.cli.render import parse_state
+from gridd.cli.render_status import STOP_REASONS, status_view
 from gridd.client import GridClient
 from gridd.errors import GriddError
 from gridd.workspace import Workspace

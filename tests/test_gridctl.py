@@ -25,7 +25,7 @@ import psutil
 import pytest
 from rich.console import Console
 
-from gridd.cli import render
+from gridd.cli import render, render_events, render_status
 from gridd.cli.daemonctl import START_TIMEOUT
 from gridd.client import SSEEvent
 from gridd.errors import GriddError
@@ -470,7 +470,7 @@ def _state_with_work() -> RepoState:
 
 def test_status_view_shows_session_agents_questions_and_warnings() -> None:
     console = Console(record=True, width=200, force_terminal=True)
-    console.print(render.status_view(_state_with_work()))
+    console.print(render_status.status_view(_state_with_work()))
     text = console.export_text()
     assert "gridd 9.9.9  pid 77  up 1h 2m 5s  last event #12" in text
     assert "feat/login" in text and "max 2 agents" in text
@@ -483,7 +483,7 @@ def test_status_view_shows_session_agents_questions_and_warnings() -> None:
 
 def test_status_fits_80_columns_counting_only_the_statuses_tasks_are_in() -> None:
     console = Console(record=True, width=80, force_terminal=True)
-    console.print(render.status_view(_state_with_work()))
+    console.print(render_status.status_view(_state_with_work()))
     text = console.export_text()
     assert all(len(line) <= 80 for line in text.splitlines())
     counts = text[text.index("tasks (1)") :].splitlines()
@@ -501,12 +501,12 @@ def test_status_rejects_a_state_it_cannot_read() -> None:
 
 def test_event_lines_compact_json_and_pretty() -> None:
     event = SSEEvent(id=7, type="agent.output", data={"agentId": "a1", "chunk": "two words"})
-    assert render.event_json(event) == (
+    assert render_events.event_json(event) == (
         '{"id":7,"type":"agent.output","data":{"agentId":"a1","chunk":"two words"}}'
     )
-    assert render.event_pretty(event) == '#7 agent.output agentId=a1 chunk="two words"'
+    assert render_events.event_pretty(event) == '#7 agent.output agentId=a1 chunk="two words"'
     nested = SSEEvent(id=8, type="x", data={"files": ["a", "b"], "n": 1})
-    assert render.event_pretty(nested) == '#8 x files=["a","b"] n=1'
+    assert render_events.event_pretty(nested) == '#8 x files=["a","b"] n=1'
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from rich.console import Console, RenderableType
 
-from gridd.cli import questions_cmd, render, render_tasks
+from gridd.cli import questions_cmd, render, render_questions, render_status, render_tasks
 from gridd.cli.gridctl import main as gridctl_main
 from gridd.cli.gridctl import report
 from gridd.errors import Conflict, ValidationFailed
@@ -408,7 +408,7 @@ def test_status_shows_budget_waiting_rate_limits_and_question_waits() -> None:
         pending_questions=[_question("q1", "y", "n")],
         stats=Stats(working=1, rate_limited=1, waiting=1, spent_usd=3.2),
     )
-    text = _text(render.status_view(state, now=NOW))
+    text = _text(render_status.status_view(state, now=NOW))
     assert "session feat/x  max 3 agents  spent $3.20 of $50.00" in text
     notes = (
         r"\n1 task waiting for an answer; 1 rate limited,"
@@ -422,7 +422,7 @@ def test_status_shows_budget_waiting_rate_limits_and_question_waits() -> None:
     asked = r"q1 +│ agent-q1 +│ task-q1 +│ clarification +│ question q1\? +│ y / n +│ waiting 3m"
     for pattern in (notes, waiting, stalled_row, asked):
         assert re.search(pattern, text), pattern
-    line = render.summary_line(state)
+    line = render_status.summary_line(state)
     assert line.endswith("; 1 question waiting; spent $3.20 of $50.00")
 
 
@@ -431,21 +431,21 @@ def test_a_stopped_session_shows_why_and_what_it_spent() -> None:
         budget_usd=5.0, spent_usd=5.1, stop_reason="budget_exhausted", stopped_at=NOW
     )
     state = _state(session=session, stats=Stats(spent_usd=5.1))
-    text = _text(render.status_view(state, now=NOW + timedelta(seconds=90)))
+    text = _text(render_status.status_view(state, now=NOW + timedelta(seconds=90)))
     why = "session stopped (budget_exhausted: the budget is spent) 1m 30s ago  spent $5.10 of $5"
     assert why in text
-    assert render.summary_line(state).startswith("no session (stopped: budget_exhausted), 0")
+    assert render_status.summary_line(state).startswith("no session (stopped: budget_exhausted), 0")
 
 
 def test_a_session_stopped_for_lack_of_agent_work_points_at_the_tasks_waiting_for_review() -> None:
     session = SessionState(stop_reason="no_work", stopped_at=NOW)
     state = _state(session=session, stats=Stats(review=2, done=1))
-    text = _text(render.status_view(state, now=NOW + timedelta(seconds=5)))
+    text = _text(render_status.status_view(state, now=NOW + timedelta(seconds=5)))
     assert (
         "session stopped (no_work: no work was left for agents; 2 in review wait for you"
         " (gridctl task approve)) 5s ago" in text
     )
-    idle = _text(render.status_view(_state(session=session, stats=Stats(done=3)), now=NOW))
+    idle = _text(render_status.status_view(_state(session=session, stats=Stats(done=3)), now=NOW))
     assert "session stopped (no_work: no work was left for agents) 0s ago" in idle
 
 
@@ -500,7 +500,7 @@ def test_the_questions_table_with_all_shows_answers_and_close_reasons() -> None:
         answered_at=NOW - timedelta(minutes=1),
     )
     closed = _question("q2", status=QuestionStatus.CLOSED, closed_reason="agent exited")
-    text = _text(render.questions_table([answered, closed], title="questions", now=NOW))
+    text = _text(render_questions.questions_table([answered, closed], title="questions", now=NOW))
     assert re.search(r"q1 .*│ red +│ answered after 2m +│ answered: red", text)
     assert re.search(r"q2 .*│ - +│ asked 3m 0s ago +│ closed: agent exited", text)
-    assert "no questions" in _text(render.questions_table([], empty="no questions"))
+    assert "no questions" in _text(render_questions.questions_table([], empty="no questions"))

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from gridd.cli.render import agents_table
+from gridd.cli.render_agents import agents_table
 from gridd.client import AsyncGridClient
 from gridd.errors import Conflict, GriddError
 from gridd.grid import Grid

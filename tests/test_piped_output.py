@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from gridd.cli import render
+from gridd.cli import render_questions
 from gridd.model import Question
 from tests.support.cli import GRIDCTL
 from tests.support.repos import agent_command, write_core_config
@@ -116,7 +116,9 @@ def test_a_table_too_wide_for_the_terminal_becomes_one_block_per_record() -> Non
         asked_at=now - timedelta(seconds=30),
     )
     console = Console(record=True, width=80, force_terminal=True)
-    console.print(render.questions_table([question, question.model_copy(update={"id": "q-2"})]))
+    console.print(
+        render_questions.questions_table([question, question.model_copy(update={"id": "q-2"})])
+    )
     lines = console.export_text().splitlines()
     assert all(len(line) <= 80 for line in lines)
     assert lines[0].strip() == "pending questions (2)"
@@ -128,5 +130,5 @@ def test_a_table_too_wide_for_the_terminal_becomes_one_block_per_record() -> Non
     assert len(lines[start].split()) > 5
     # With room, it is a table.
     wide = Console(record=True, width=200, force_terminal=True)
-    wide.print(render.questions_table([question]))
+    wide.print(render_questions.questions_table([question]))
     assert "┃ question id ┃" in wide.export_text()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from gridd.cli.render import agents_table
+from gridd.cli.render_agents import agents_table
 from gridd.grid import Grid
 from gridd.model import Agent, TaskStatus
 from gridd.runs.boxes import DirectoryBoxes

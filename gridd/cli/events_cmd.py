@@ -13,7 +13,7 @@ from collections.abc import Generator, Iterator
 from typing import Any, cast
 
 from gridd import event_types
-from gridd.cli import render
+from gridd.cli import render_events
 from gridd.cli.context import EXIT_OK, Command, Context
 from gridd.client import GridClient, SSEEvent
 from gridd.errors import DaemonUnreachable
@@ -147,7 +147,7 @@ def run_events(ctx: Context) -> int:
         stop_at = int(client.get("/state")["daemon"]["lastEventId"])
         if args.since >= stop_at:
             return EXIT_OK
-    fmt = render.event_pretty if args.pretty else render.event_json
+    fmt = render_events.event_pretty if args.pretty else render_events.event_json
     # Without --follow we filter here: the stop condition needs to see every id.
     server_types = wanted if args.follow else None
     try:

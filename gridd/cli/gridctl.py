@@ -23,7 +23,7 @@ import os
 import sys
 from typing import Any
 
-from gridd.cli import daemonctl, render, watch
+from gridd.cli import daemonctl, render, render_status, watch
 from gridd.cli.completion import COMPLETION
 from gridd.cli.context import (
     EXIT_ERROR,
@@ -87,7 +87,7 @@ def run_status(ctx: Context) -> int:
     if args.json:
         print(json.dumps(state, indent=2))
     else:
-        render.console().print(render.status_view(render.parse_state(state)))
+        render.console().print(render_status.status_view(render.parse_state(state)))
     return EXIT_OK
 
 
@@ -107,7 +107,7 @@ def run_conflicts(ctx: Context) -> int:
     if not items:
         print("no overlapping work between live tasks")
     console = render.console()
-    for line in render.conflict_lines(items):
+    for line in render_status.conflict_lines(items):
         console.print(line)
     return EXIT_OK
 

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
-from gridd.cli import render
+from gridd.cli import render, render_questions
 from gridd.cli.context import EXIT_ERROR, EXIT_OK, EXIT_USAGE, Command, Context, segment
 from gridd.errors import GriddError
 from gridd.model import Question, QuestionStatus
@@ -125,9 +125,9 @@ def run_questions(ctx: Context) -> int:
         return EXIT_OK
     questions = _questions(data)
     if ctx.args.all:
-        table = render.questions_table(questions, empty="no questions", title="questions")
+        table = render_questions.questions_table(questions, empty="no questions", title="questions")
     else:
-        table = render.questions_table(questions)
+        table = render_questions.questions_table(questions)
     render.console().print(table)
     return EXIT_OK
 

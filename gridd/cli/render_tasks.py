@@ -1,6 +1,7 @@
 """How ``gridctl`` shows tasks: the task table, one task in detail, and plan waves.
 
-Pure formatting over wire models, like ``render`` (whose time and money helpers it uses).
+Pure formatting over wire models, like ``render`` (whose time and money helpers it uses);
+an agent's status as ``render_agents`` shows it.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from rich.text import Text
 
 from gridd.cli.render import (
     FittedTable,
-    agent_status,
     ago,
     duration,
     money,
     resume_text,
     waited,
 )
+from gridd.cli.render_agents import agent_status
 from gridd.model import Agent, Task, TaskStatus
 
 STATUS_STYLES = {

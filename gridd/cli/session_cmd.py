@@ -12,7 +12,7 @@ import json
 import math
 from typing import Any
 
-from gridd.cli import render
+from gridd.cli import render, render_agents
 from gridd.cli.context import EXIT_OK, Command, Context, group, positive_int, segment
 from gridd.client import GridClient
 from gridd.model import Agent, SessionState
@@ -237,7 +237,7 @@ def run_agents(ctx: Context) -> int:
     agents = [render.parse_wire(Agent, item) for item in data]
     agents.sort(key=lambda a: a.started_at)
     empty = "no agents" if ctx.args.all else "no running agents (--all shows exited ones)"
-    render.console().print(render.agents_table(agents, empty=empty))
+    render.console().print(render_agents.agents_table(agents, empty=empty))
     return EXIT_OK
 
 

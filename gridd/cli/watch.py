@@ -18,7 +18,7 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
-from gridd.cli import render, render_tasks
+from gridd.cli import render, render_status, render_tasks
 from gridd.cli.context import EXIT_OK, Context
 from gridd.cli.events_cmd import RECONNECT_TIMEOUT, stream_events
 from gridd.client import GridClient
@@ -93,7 +93,7 @@ class _StateReader:
 
 
 def _view(state: RepoState, *, away: bool, until_idle: bool) -> RenderableType:
-    parts: list[RenderableType] = [render.status_view(state)]
+    parts: list[RenderableType] = [render_status.status_view(state)]
     if 0 < len(state.tasks) <= TASK_ROWS:
         parts += [Text(""), render_tasks.task_table(state.tasks)]
     if away:
@@ -117,7 +117,7 @@ def run_watch(ctx: Context, *, until_idle: bool) -> int:
         if live is not None:
             live.update(_view(state, away=away, until_idle=until_idle), refresh=True)
             return
-        line = render.summary_line(state)
+        line = render_status.summary_line(state)
         if line != last_line:
             print(f"{datetime.now():%H:%M:%S} {line}", flush=True)
             last_line = line

@@ -273,3 +273,35 @@ async def test_agent_watcher_survives_a_state_database_that_cannot_be_written(
 
 def _outputs(grid: object) -> int:
     return sum(1 for a in grid.state.agents.values() if a.output_seq)  # type: ignore[attr-defined]
+
+
+async def test_a_write_after_space_returns_is_taken_while_a_refused_one_still_waits(
+    small_disk_repo: Path,
+) -> None:
+    """Queued writes the full disk refused wait for the writer's next try (up to a second
+    apart); a write made once space is back goes in behind them at once, instead of being
+    refused with the disk's old error until that try."""
+    from gridd.errors import StoreError
+    from gridd.store import Store
+
+    grid = small_disk_repo / ".grid"
+    store = Store.open(grid / "test.db")
+    try:
+        filler = fill(grid)
+        with store.transaction(wait=False):  # queued: the writer keeps trying it
+            store.set_meta("during", "x" * 200_000)
+        await until(lambda: store.write_error is not None, timeout=10)
+        # The disk still full: refused at once.
+        with pytest.raises(StoreError), store.transaction(wait=False):
+            store.set_meta("refused", "1")
+        await asyncio.sleep(1.5)  # the writer's pause between tries is at its longest
+        filler.unlink()
+        with store.transaction(wait=False):
+            store.set_meta("after", "1")
+        await store.durable()
+        assert store.get_meta("during") == "x" * 200_000
+        assert store.get_meta("after") == "1"
+        assert store.get_meta("refused") is None
+        assert store.write_error is None
+    finally:
+        store.close()

@@ -86,10 +86,12 @@ class Writes:
             self._loop = loop
             batch.notify = self._notify
             if self._tail is not None or not wait:
-                if self.write_error is not None:
+                # The disk refuses writes: refuse more, as at once, unless room came back
+                # since (the writer's next try of the queued writes clears the error).
+                if self.write_error is not None and not self._room():
                     for step in reversed(undo):
                         step()
-                    raise self.write_error  # the disk refuses writes: refuse more, as at once
+                    raise self.write_error
                 batch.waiting = False
                 self._tail = batch
                 self._writer.submit(batch)
@@ -218,6 +220,14 @@ class Writes:
             self.write_error = error
         return error
 
+    def _room(self, margin: int = PROBE_MARGIN_BYTES) -> bool:
+        """Whether the database's disk is writable with ``margin`` bytes free (statvfs)."""
+        try:
+            fs = os.statvfs(self.path.parent)
+        except OSError:
+            return False
+        return not fs.f_flag & os.ST_RDONLY and fs.f_bavail * fs.f_frsize >= margin
+
     def probe_write(self, *, margin: int = PROBE_MARGIN_BYTES) -> bool:
         """Whether the disk takes writes again: it has ``margin`` bytes free, is not
         read-only, and a small write commits. Clears ``write_error`` when it does."""
@@ -225,11 +235,7 @@ class Writes:
             return True
         if self._tail is not None:
             return False  # the writer tries the queued writes itself; they clear it
-        try:
-            fs = os.statvfs(self.path.parent)
-        except OSError:
-            return False
-        if fs.f_flag & os.ST_RDONLY or fs.f_bavail * fs.f_frsize < margin:
+        if not self._room(margin):
             return False
         try:
             with self.transaction():

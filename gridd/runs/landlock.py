@@ -195,13 +195,21 @@ def plan(
                 found = sorted((e.name, e) for e in entries)
         except OSError:
             return
-        for _, entry in found:
+        if any(_inside(directory, h) for h in hide):
+            return  # all of it hidden
+        # Only an entry named by a hidden path's next component below ``directory`` can be
+        # hidden or hold one: the others (all but a few in a directory such as /tmp) are
+        # granted without looking at every hidden path for each.
+        prefix = directory.rstrip("/") + "/"
+        near = {h[len(prefix) :].partition("/")[0] for h in hide if h.startswith(prefix)}
+        for name, entry in found:
             path = entry.path
-            if any(_inside(path, h) for h in hide):
-                continue  # hidden itself (or below a hidden path)
-            if any(_inside(h, path) for h in hide):
-                walk(path)  # an ancestor of a hidden path: its other entries stay readable
-                continue
+            if name in near:
+                if any(_inside(path, h) for h in hide):
+                    continue  # hidden itself (or below a hidden path)
+                if any(_inside(h, path) for h in hide):
+                    walk(path)  # an ancestor of a hidden path: its other entries stay readable
+                    continue
             try:  # the directory entry's type: no stat on most file systems
                 if entry.is_symlink():
                     continue  # its target is covered (or not) by its own rule
@@ -277,21 +285,25 @@ def restrict(
     if ruleset < 0:
         raise fail("landlock_create_ruleset")
     try:
+        # One rule per entry of a directory that holds a hidden path (hundreds in /tmp):
+        # the call's arguments are made once, the rule's fields set for each.
+        syscall = libc.syscall
+        add_rule = ctypes.c_long(SYS_LANDLOCK_ADD_RULE)
+        ruleset_fd = ctypes.c_int(ruleset)
+        path_beneath = ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH)
+        no_flags = ctypes.c_uint32(0)
+        rule = PathBeneath(0, -1)
+        rule_ref = ctypes.byref(rule)
+        flags = os.O_PATH | os.O_CLOEXEC
         for path, rights in rules:
             try:
-                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                fd = os.open(path, flags)
             except OSError:
                 continue  # gone since it was planned: nothing to grant
             try:
-                rule = PathBeneath(rights, fd)
-                done = libc.syscall(
-                    ctypes.c_long(SYS_LANDLOCK_ADD_RULE),
-                    ctypes.c_int(ruleset),
-                    ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH),
-                    ctypes.byref(rule),
-                    ctypes.c_uint32(0),
-                )
-                if done != 0:
+                rule.allowed_access = rights
+                rule.parent_fd = fd
+                if syscall(add_rule, ruleset_fd, path_beneath, rule_ref, no_flags) != 0:
                     raise fail(f"landlock_add_rule({path})")
             finally:
                 os.close(fd)

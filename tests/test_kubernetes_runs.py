@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -78,6 +80,13 @@ def config(**agents: list[str]) -> dict[str, object]:
         "agents": {name: {"command": argv} for name, argv in agents.items()},
         "executors": {"default": "kubernetes"},
     }
+
+
+def start_two_tasks(grid: Grid, *, max_agents: int) -> None:
+    """Tasks ``one`` and ``two``, in a session of at most ``max_agents`` runs at once."""
+    tasks = {"tasks": [{"id": "one", "title": "a"}, {"id": "two", "title": "b"}]}
+    grid.commands.create_tasks(PlanSpec.model_validate(normalise_plan(tasks)).tasks)
+    grid.commands.start_session(SessionStart.model_validate({"maxAgents": max_agents}))
 
 
 def events(grid: Grid, kind: str) -> list[dict[str, Any]]:
@@ -323,15 +332,7 @@ async def test_runs_wait_for_their_pods_through_one_watch_on_the_workspace(
             repo, config(reader=agent_command("read_line.py")), executor=executor(repo, cluster)
         ) as daemon:
             grid: Grid = daemon.grid
-            grid.commands.create_tasks(
-                PlanSpec.model_validate(
-                    normalise_plan(
-                        {"tasks": [{"id": "one", "title": "a"}, {"id": "two", "title": "b"}]}
-                    )
-                ).tasks
-            )
-            # One at a time (two pods starting at once crash this process: see the report).
-            grid.commands.start_session(SessionStart.model_validate({"maxAgents": 1}))
+            start_two_tasks(grid, max_agents=1)
             for task in ("one", "two"):
                 await until(
                     lambda task=task: any(  # type: ignore[misc]
@@ -351,6 +352,38 @@ async def test_runs_wait_for_their_pods_through_one_watch_on_the_workspace(
             assert len(watches) == 1, pods
             assert watches[0][2].get("labelSelector", "").startswith("grid.workspace="), watches
             assert pods == watches  # no listing of a run's pod while it starts
+    finally:
+        kill_workspace_agents(repo)
+
+
+async def test_two_kubernetes_runs_start_at_the_same_moment_in_one_daemon(
+    repo: Path, cluster: FakeCluster
+) -> None:
+    """Two runs started together (``maxAgents: 2``): both pods run, both agents answer and
+    both branches come back, with the daemon alive throughout (issue 25: a crash before)."""
+    try:
+        async with inprocess_daemon(
+            repo, config(reader=agent_command("read_line.py")), executor=executor(repo, cluster)
+        ) as daemon:
+            grid: Grid = daemon.grid
+            start_two_tasks(grid, max_agents=2)
+            await until(
+                lambda: (
+                    sum(a.last_output == "ready for a line" for a in grid.state.agents.values())
+                    == 2
+                ),
+                what="both pods' agents' first lines",
+            )
+            for agent in list(grid.state.agents.values()):
+                grid.commands.respond(agent.id, f"answer for {agent.task_id}")
+            await until(
+                lambda: all(
+                    grid.state.tasks[t].status == TaskStatus.REVIEW for t in ("one", "two")
+                ),
+                what="both in review",
+            )
+            for task in ("one", "two"):
+                assert git_show(repo, f"grid/{task}:answer.txt") == f"answer for {task}\n"
     finally:
         kill_workspace_agents(repo)
 
@@ -519,6 +552,51 @@ async def test_a_profile_sets_its_own_image_and_resources_for_its_jobs(
     assert box["image"] == "registry.example/big-box:2"
     assert box["resources"]["limits"] == {"cpu": "1", "memory": "8Gi"}  # cpu: the executor's
     assert [e["name"] for e in box["env"]] == ["OPENAI_API_KEY"]
+
+
+#: Two threads' first decodes of lightkube's models at once, in a fresh interpreter, once
+#: the engine has its client: a Job's manifest converted (``create``) and pods listed.
+#: Threads switch as often as they can, so that the race shows in a few tries.
+FIRST_DECODES = """
+import sys, threading
+sys.setswitchinterval(1e-6)
+from lightkube import codecs
+from lightkube.core import decoders
+from lightkube.resources import core_v1
+from gridd.runs.kubernetes import KubernetesEngine, job_manifest
+from gridd.settings import KubernetesSettings
+settings = KubernetesSettings(server=sys.argv[1], namespace="grid", image="x")
+KubernetesEngine(settings).client()
+job = job_manifest(settings, box="b", labels={"grid.run": "r"})
+pods = b'{"items": [{"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}]}'
+together = threading.Barrier(3)
+def create():
+    together.wait()
+    codecs.from_dict(job)
+def look():
+    together.wait()
+    decoders.decode_list(pods, core_v1.Pod)
+threads = [threading.Thread(target=f) for f in (create, create, look)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("alive")
+"""
+
+
+def test_threads_decoding_lightkube_models_at_once_do_not_crash_the_process() -> None:
+    """msgspec builds a model's type information at its first decode, and two threads doing
+    that at once crashed the process (SIGSEGV, 7 tries in 8 before): the engine builds it
+    once, on one thread, when it takes its client (no request made: no cluster needed)."""
+    for _ in range(4):
+        done = subprocess.run(
+            [sys.executable, "-X", "faulthandler", "-c", FIRST_DECODES, "http://127.0.0.1:1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert (done.returncode, done.stdout) == (0, "alive\n"), done.stderr[-2000:]
 
 
 def test_a_failing_exec_says_its_exit_code_from_the_error_channel(cluster: FakeCluster) -> None:

@@ -249,6 +249,7 @@ class KubernetesEngine:
         with self._client_lock:
             if self._client is None:
                 self._client = _connect(self.settings)
+            _prepare_models()
             return self._client
 
     def _count(self, verb: str) -> None:
@@ -278,7 +279,8 @@ class KubernetesEngine:
         manifest = job_manifest(settings, box=name, labels=labels)
         try:
             self._count("create")
-            self.client().create(codecs.from_dict(manifest), namespace=self.settings.namespace)
+            client = self.client()  # first: it makes the models ready (_prepare_models)
+            client.create(codecs.from_dict(manifest), namespace=self.settings.namespace)
         except Exception as exc:
             refusal = api_status(exc)
             if refusal is None:  # the cluster unreachable: nothing was created
@@ -523,6 +525,33 @@ def _create_error(code: int, message: str, name: str) -> GriddError:
 
 def _as_dict(obj: Any) -> dict[str, Any]:
     return obj if isinstance(obj, dict) else dict(obj.to_dict())
+
+
+_models_lock = threading.Lock()
+_models_ready = False
+
+
+def _prepare_models() -> None:
+    """Build msgspec's type information of every lightkube model the engine decodes or
+    converts, once per process, on one thread. msgspec (0.22) builds a Struct type's
+    information lazily at its first decode or convert, and two threads doing that first
+    decode at once (two runs' ``create``, the pod watch, a mirror's look) crash the process
+    with a segmentation fault; once built, concurrent use is safe."""
+    global _models_ready
+    with _models_lock:
+        if _models_ready:
+            return
+        import msgspec
+        from lightkube.core import decoders
+        from lightkube.models import meta_v1
+        from lightkube.resources import batch_v1, core_v1
+
+        for resource in (batch_v1.Job, core_v1.Pod):
+            msgspec.json.Decoder(resource)
+            decoders.decode_list(b'{"items": []}', resource)  # its list model, made once
+        msgspec.json.Decoder(meta_v1.Status)
+        decoders.decode_watch_event(b'{"type": "ADDED", "object": {}}')
+        _models_ready = True
 
 
 def _connect(settings: KubernetesSettings) -> Any:

@@ -26,6 +26,11 @@ NOT_AT_REST = (
     "importlib.metadata",
     "ctypes",
     "sse_starlette",  # on the first GET /events
+    # gridd's own rarely used rooms: built or called when a run first goes there
+    "gridd.runs.kubernetes",  # a run with executor = "kubernetes"
+    "gridd.runs.podwatch",
+    "gridd.runs.podman",  # a run with executor = "podman"
+    "gridd.runs.seatbelt",  # a sandboxed spawn (macOS)
 )
 
 #: Runs the real daemon (``gridd``'s own ``main``) in this interpreter; once /health

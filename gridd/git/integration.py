@@ -22,8 +22,6 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from gridd.git.worktrees import GitResult, Worktrees, git
 
 log = logging.getLogger(__name__)
@@ -91,6 +89,8 @@ class Integration:
         except (OSError, ValueError):
             return False
         mark.unlink(missing_ok=True)
+        import psutil  # here: only a daemon killed mid-check left a mark; at rest none is needed
+
         try:
             same = abs(psutil.Process(pid).create_time() - started) < 0.01
         except psutil.Error:
@@ -105,6 +105,8 @@ class Integration:
         if gitdir is None:
             return
         mark = gitdir / CHECK_MARK
+        import psutil  # here, not at start-up: only a running gate's check needs it
+
         try:
             if pid is None:
                 mark.unlink(missing_ok=True)

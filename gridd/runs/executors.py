@@ -9,15 +9,12 @@ directory with ``remote.json`` is a box's (``runs/remote.py``), any other is loc
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from gridd.model import Agent
 from gridd.runs.executor import AgentHandle, Executor, Launch
-from gridd.runs.image import default_cache_dir
-from gridd.runs.kubernetes import KubernetesEngine
 from gridd.runs.local import LocalExecutor
-from gridd.runs.podman import PodmanEngine
 from gridd.runs.remote import REMOTE, RemoteExecutor
 from gridd.settings import Settings
 from gridd.workspace import Workspace
@@ -26,9 +23,9 @@ from gridd.workspace import Workspace
 def build_executor(
     workspace: Workspace, settings: Settings, *, environ: Mapping[str, str] | None = None
 ) -> RoutedExecutor:
-    """The local shim executor, and the podman and kubernetes ones (which do nothing until
-    a run uses them: no podman call, no cluster client, no thread, lightkube not imported).
-    ``environ``: the daemon's own environment, kept out of boxes."""
+    """The local shim executor, and the podman and kubernetes ones, each built when a run
+    first goes to it (until then: no podman call, no cluster client, no thread, and their
+    modules not imported). ``environ``: the daemon's own environment, kept out of boxes."""
     local = LocalExecutor(
         workspace.runs_dir,
         spawn_timeout=settings.scheduler.spawn_timeout_seconds,
@@ -39,41 +36,61 @@ def build_executor(
     podman = settings.executors.podman
     kubernetes = settings.executors.kubernetes
     spawn_timeout = max(settings.scheduler.spawn_timeout_seconds, 30.0)
-    remotes = {
-        "podman": RemoteExecutor(
+
+    def podman_executor() -> RemoteExecutor:
+        # Imported here: a daemon whose runs are all local never loads the engine.
+        from gridd.runs.image import default_cache_dir
+        from gridd.runs.podman import PodmanEngine
+
+        return RemoteExecutor(
             PodmanEngine(podman, cache_dir=default_cache_dir()),
             workspace=workspace.root,
             spawn_timeout=spawn_timeout,
             look_seconds=podman.look_seconds,
             environ=environ,
             forward_env=podman.env,
-        ),
-        "kubernetes": RemoteExecutor(
+        )
+
+    def kubernetes_executor() -> RemoteExecutor:
+        # Imported here: a daemon whose runs are all local never loads the engine.
+        from gridd.runs.kubernetes import KubernetesEngine
+
+        return RemoteExecutor(
             KubernetesEngine(kubernetes),
             workspace=workspace.root,
             spawn_timeout=spawn_timeout,
             look_seconds=kubernetes.look_seconds,
             environ=environ,
             forward_env=kubernetes.env,
-        ),
-    }
-    return RoutedExecutor(local, remotes)
+        )
+
+    return RoutedExecutor(local, {"podman": podman_executor, "kubernetes": kubernetes_executor})
 
 
 class RoutedExecutor:
-    def __init__(self, local: Executor, remotes: dict[str, RemoteExecutor]) -> None:
+    """``remotes``: how to build the executor of each engine kind, done on its first run."""
+
+    def __init__(
+        self, local: Executor, remotes: Mapping[str, Callable[[], RemoteExecutor]]
+    ) -> None:
         self.local = local
-        self.remotes = remotes
+        self.builders = dict(remotes)
+        self.remotes: dict[str, RemoteExecutor] = {}
 
     def start(self) -> None:
         self.local.start()
-        for remote in self.remotes.values():
-            remote.start()
 
     def close(self) -> None:
         for remote in self.remotes.values():
             remote.close()
         self.local.close()
+
+    def _built(self, kind: str) -> RemoteExecutor:
+        remote = self.remotes.get(kind)
+        if remote is None:
+            remote = self.remotes[kind] = self.builders[kind]()
+            remote.start()
+        return remote
 
     def _of(self, run_dir: Path) -> Executor:
         remote = self._remote(run_dir)
@@ -84,12 +101,12 @@ class RoutedExecutor:
             engine = json.loads((run_dir / REMOTE).read_text())["engine"]
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        return next((r for r in self.remotes.values() if r.engine.kind == engine), None)
+        return self._built(engine) if engine in self.builders else None
 
     async def spawn(self, launch: Launch) -> AgentHandle:
         if launch.executor == "local":
             return await self.local.spawn(launch)
-        return await self.remotes[launch.executor].spawn(launch)
+        return await self._built(launch.executor).spawn(launch)
 
     def reattach(self, agent: Agent) -> AgentHandle:
         return self._of(Path(agent.run_dir)).reattach(agent)

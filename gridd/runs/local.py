@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gridd.errors import GriddError
 from gridd.model import Agent
-from gridd.runs import landlock, seatbelt
+from gridd.runs import landlock
 from gridd.runs.executor import AgentHandle, Launch
 from gridd.runs.process import AgentProcess, ShimStarter, fence_run
 
@@ -59,6 +59,10 @@ class LocalExecutor:
         if launch.sandbox is not None:
             abi = self.sandbox_abi()
             box = launch.sandbox
+            from gridd.runs import (
+                seatbelt,
+            )  # here: only a sandboxed spawn asks, never an idle daemon
+
             if seatbelt.applies():  # macOS: sandbox-exec, whatever the network policy
                 why = seatbelt.unavailable(box.mode, box.network)
             else:

@@ -29,6 +29,8 @@ NOT_AT_REST = (
     # gridd's own rarely used rooms: built or called when a run first goes there
     "gridd.runs.kubernetes",  # a run with executor = "kubernetes"
     "gridd.runs.podwatch",
+    "gridd.runs.remote",  # a run in a box, or the first spawn
+    "gridd.runs.mirror",
     "gridd.runs.podman",  # a run with executor = "podman"
     "gridd.runs.seatbelt",  # a sandboxed spawn (macOS)
 )

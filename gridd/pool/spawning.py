@@ -35,7 +35,6 @@ from gridd.pool.prompts import continuation_prompt, feedback_prompt, render_comm
 from gridd.pool.rundirs import new_run
 from gridd.runs.egress import proxy_env
 from gridd.runs.executor import Launch
-from gridd.runs.remote import placement
 from gridd.runs.sandbox import sandbox_for
 from gridd.runs.watch import RunWatch
 
@@ -273,6 +272,9 @@ class Spawner:
         making: Awaitable[Worktree],
         claim: asyncio.Task[bool | Exception] | None,
     ) -> None:
+        # Here, not at start-up: runs.remote (the box executors' side) stays out of an idle daemon.
+        from gridd.runs.remote import placement
+
         profile = self.ctx.profiles[profile_name]
         worktree = await making
         if claim is not None and claim.done() and (outcome := claim.result()) is not True:

@@ -11,13 +11,16 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gridd.model import Agent
 from gridd.runs.executor import AgentHandle, Executor, Launch
 from gridd.runs.local import LocalExecutor
-from gridd.runs.remote import REMOTE, RemoteExecutor
 from gridd.settings import Settings
 from gridd.workspace import Workspace
+
+if TYPE_CHECKING:
+    from gridd.runs.remote import RemoteExecutor
 
 
 def build_executor(
@@ -41,6 +44,7 @@ def build_executor(
         # Imported here: a daemon whose runs are all local never loads the engine.
         from gridd.runs.image import default_cache_dir
         from gridd.runs.podman import PodmanEngine
+        from gridd.runs.remote import RemoteExecutor
 
         return RemoteExecutor(
             PodmanEngine(podman, cache_dir=default_cache_dir()),
@@ -54,6 +58,7 @@ def build_executor(
     def kubernetes_executor() -> RemoteExecutor:
         # Imported here: a daemon whose runs are all local never loads the engine.
         from gridd.runs.kubernetes import KubernetesEngine
+        from gridd.runs.remote import RemoteExecutor
 
         return RemoteExecutor(
             KubernetesEngine(kubernetes),
@@ -97,6 +102,8 @@ class RoutedExecutor:
         return self.local if remote is None else remote
 
     def _remote(self, run_dir: Path) -> RemoteExecutor | None:
+        from gridd.runs.remote import REMOTE  # here: an idle daemon reattaches no run
+
         try:
             engine = json.loads((run_dir / REMOTE).read_text())["engine"]
         except (OSError, ValueError, KeyError, TypeError):

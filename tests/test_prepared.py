@@ -54,11 +54,21 @@ def waiting_config(repo: Path, go: Path) -> None:
 def prepared(repo: Path, task_id: str) -> Path:
     path = repo / ".grid" / "worktrees" / task_id
     wait_for(
-        lambda: (path / ".git").exists() and has_branch(repo, f"grid/{task_id}"),
+        lambda: (
+            (path / ".git").exists()
+            and has_branch(repo, f"grid/{task_id}")
+            and not still_adding(repo, task_id)
+        ),
         timeout=30,
         message=f"the worktree of {task_id} prepared ahead",
     )
     return path
+
+
+def still_adding(repo: Path, task_id: str) -> bool:
+    """Whether ``git worktree add`` is still making the worktree: it keeps its admin
+    directory locked ("initializing") and its HEAD at the null id until it is done."""
+    return (repo / ".git" / "worktrees" / task_id / "locked").exists()
 
 
 # -- the decision ------------------------------------------------------------------------------

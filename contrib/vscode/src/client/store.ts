@@ -8,7 +8,8 @@
  */
 
 import type { Settled } from "./review";
-import type { Agent, GriddEvent, Question, RepoState, Task } from "./types";
+import { applyTrainEvent, trainFromSnapshot } from "./train";
+import type { Agent, GriddEvent, Question, RepoState, Task, TrainCandidate } from "./types";
 import { emptyState } from "./types";
 
 const AGENT_GONE = new Set(["agent.completed", "agent.failed", "agent.stopped", "agent.launch_failed"]);
@@ -21,6 +22,8 @@ export class RepoStore {
   loaded = false;
   /** How questions stopped being pending (answered, or closed and why), by question id. */
   readonly settled = new Map<string, Settled>();
+  /** The merge train's candidates: from the last snapshot, then its `merge.batch_*` events. */
+  train: TrainCandidate[] = [];
 
   /** Replace everything with a full RepoState if it is not older than what we hold. */
   accept(state: RepoState): boolean {
@@ -35,6 +38,7 @@ export class RepoStore {
     this.state = emptyState();
     this.appliedId = -1;
     this.loaded = false;
+    this.train = [];
   }
 
   /** Apply one event; returns whether anything visible changed. */
@@ -47,6 +51,11 @@ export class RepoStore {
     if (event.type === "reset") return false;
     if (Number.isFinite(event.id)) this.appliedId = Math.max(this.appliedId, event.id);
     const s = this.state;
+    if (event.type.startsWith("merge.batch_")) {
+      const before = this.train;
+      this.train = applyTrainEvent(before, event);
+      return this.train !== before;
+    }
     switch (event.type) {
       case "tasks.changed": {
         const tasks = Array.isArray(d["tasks"]) ? (d["tasks"] as Task[]) : [];
@@ -170,6 +179,7 @@ export class RepoStore {
       agents: state.agents ?? [],
       pendingQuestions: state.pendingQuestions ?? [],
     };
+    this.train = trainFromSnapshot(this.state);
     if (Number.isFinite(id)) this.appliedId = id;
     this.loaded = true;
   }

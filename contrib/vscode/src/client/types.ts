@@ -71,6 +71,28 @@ export interface SessionState {
   [key: string]: unknown;
 }
 
+/** One candidate of the merge train (`RepoState.mergeTrain.candidates`, `merge.batch_*`). */
+export interface TrainCandidate {
+  position: number;
+  tasks: string[];
+  candidate?: string;
+  /** "merging", "gating", "landing" (passed), "failed" (the daemon's, or from an event). */
+  phase?: string;
+  bisecting?: boolean;
+  retry?: boolean;
+  [key: string]: unknown;
+}
+
+/** The merge train under way (`GET /state`'s `mergeTrain`; null when none runs). */
+export interface MergeTrain {
+  batchId?: string;
+  phase?: string;
+  tasks?: string[];
+  bisecting?: boolean;
+  candidates?: TrainCandidate[];
+  [key: string]: unknown;
+}
+
 export interface RepoState {
   session: SessionState;
   tasks: Task[];
@@ -78,6 +100,7 @@ export interface RepoState {
   pendingQuestions: Question[];
   stats: Record<string, number>;
   conflicts?: Conflict[];
+  mergeTrain?: MergeTrain | null;
   /** `reviewEdits`: the daemon's `[merge] review_edits` (absent from an older gridd). */
   daemon: { version?: string; apiVersion?: number; lastEventId?: number; workspace?: string; reviewEdits?: string; [key: string]: unknown };
   [key: string]: unknown;

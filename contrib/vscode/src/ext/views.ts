@@ -10,6 +10,7 @@ import * as path from "node:path";
 import * as vscode from "vscode";
 
 import { agentsRow, askedAboutMerge, conflictMark, linkBanner, reviewEditsNote, stopReasonText, taskName, type LinkBanner } from "../client/review";
+import { trainRows } from "../client/train";
 import type { Agent, Question, Task } from "../client/types";
 import type { FolderConnection } from "./connection";
 import type { Connections } from "./manager";
@@ -302,9 +303,13 @@ export const buildQuestions: Build = (conn) => [
 ];
 
 export const buildMerges: Build = (conn) => {
-  const out: Node[] = conn.state.tasks
-    .filter((t) => t.status === "merging")
-    .map((task): Node => ({ kind: "task", conn, task }));
+  const train = trainRows(conn.store.train, conn.state.tasks).map(
+    (row): Node => ({ kind: "info", conn, label: row.label, description: row.description, icon: row.icon, tooltip: row.tooltip }),
+  );
+  const out: Node[] = [
+    ...train,
+    ...conn.state.tasks.filter((t) => t.status === "merging").map((task): Node => ({ kind: "task", conn, task })),
+  ];
   for (const c of conn.conflicts) {
     const who = c.kind === "feature" ? `${(c.tasks ?? []).join(", ")} ↔ feature branch` : (c.tasks ?? []).join(" ↔ ");
     const predicted = c.predictedConflict ? ` · conflict predicted in ${(c.conflictFiles ?? c.files).join(", ")}` : "";

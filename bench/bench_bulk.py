@@ -35,6 +35,7 @@ from typing import Any
 import psutil
 
 from bench.common import PYTHON, Check, percentile, result, running_gridd, temp_repo
+from tests.support.processes import settled_rss
 
 NAME = "bulk"
 TASKS = 50_000
@@ -108,18 +109,8 @@ class _Probe:
 
 
 def _settled_rss(pid: int, *, seconds: float = 30.0) -> float:
-    """RSS in MB once it has stopped falling (3 s without a drop of 1 MB)."""
-    proc = psutil.Process(pid)
-    lowest = proc.memory_info().rss
-    steady_since = time.monotonic()
-    deadline = time.monotonic() + seconds
-    while time.monotonic() - steady_since < 3 and time.monotonic() < deadline:
-        time.sleep(0.25)
-        now = proc.memory_info().rss
-        if now < lowest - 1024 * 1024:
-            steady_since = time.monotonic()
-        lowest = min(lowest, now)
-    return round(lowest / 1e6, 1)
+    """RSS in MB once it has stopped falling (``settled_rss``)."""
+    return round(settled_rss(pid, seconds=seconds) / 1e6, 1)
 
 
 def _ms(values: list[float]) -> dict[str, float]:

@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 
 from tests.support.daemons import running_daemon, start_daemon
+from tests.support.processes import settled_rss
 from tests.support.repos import make_repo, remove_repo, write_config
 from tests.support.waits import wait_for
 
@@ -224,21 +224,6 @@ async def test_a_write_to_a_locked_database_returns_at_once_and_is_heard_once_co
     finally:
         other.close()
         store.close()
-
-
-def settled_rss(pid: int, *, seconds: float = 20.0) -> int:
-    """The process's RSS once it has stopped falling (3 s without a drop of 1 MB)."""
-    proc = psutil.Process(pid)
-    lowest = proc.memory_info().rss
-    steady_since = time.monotonic()
-    deadline = time.monotonic() + seconds
-    while time.monotonic() - steady_since < 3 and time.monotonic() < deadline:
-        time.sleep(0.25)
-        now = proc.memory_info().rss
-        if now < lowest - 1024 * 1024:
-            steady_since = time.monotonic()
-        lowest = min(lowest, now)
-    return lowest
 
 
 def test_a_50000_task_post_never_holds_the_loop_for_long_and_gives_its_memory_back(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from pathlib import Path
 
 import psutil
@@ -58,3 +59,19 @@ def daemons_serving(root: Path) -> list[psutil.Process]:
         ):
             found.append(proc)
     return found
+
+
+def settled_rss(pid: int, *, seconds: float = 20.0) -> int:
+    """The process's RSS in bytes once it has stopped falling (3 s without a drop of 1 MB),
+    or its lowest within ``seconds``."""
+    proc = psutil.Process(pid)
+    lowest = proc.memory_info().rss
+    steady_since = time.monotonic()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() - steady_since < 3 and time.monotonic() < deadline:
+        time.sleep(0.25)
+        now = proc.memory_info().rss
+        if now < lowest - 1024 * 1024:
+            steady_since = time.monotonic()
+        lowest = min(lowest, now)
+    return lowest

@@ -43,7 +43,7 @@ test-agents-latest: $(STAMP)
 test: $(STAMP) agent-clis
 	sh contrib/vscode/scripts/setup.sh
 	sh contrib/podman/setup.sh
-	$(BIN)/pytest -n 2 --dist loadgroup -q
+	$(BIN)/pytest -n 2 --dist loadgroup -q --durations=25
 
 lint: $(STAMP)
 	$(BIN)/ruff check gridd tests bench

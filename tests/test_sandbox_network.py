@@ -38,18 +38,32 @@ pytestmark = pytest.mark.skipif(
     reason="this kernel's Landlock has no TCP rules (ABI 4)",
 )
 
-ATTACKS = ["direct", "proxy_forbidden", "bind", "setuid", "daemon_socket"]
+ATTACKS = ["direct", "proxy_forbidden", "bind", "setuid", "daemon_socket", "udp", "raw"]
 REACHES = ["proxy_allowed", "http_allowed"]
 
 
 class Hello:
-    """A loopback listener answering any request with ``hello``."""
+    """A loopback listener answering any request with ``hello``; on the same port over UDP,
+    an echo of each datagram."""
 
     def __init__(self) -> None:
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = int(self.server.getsockname()[1])
+        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.udp.bind(("127.0.0.1", self.port))
+        self.datagrams: list[bytes] = []
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
+        threading.Thread(target=self._echo, daemon=True).start()
+
+    def _echo(self) -> None:
+        while True:
+            try:
+                data, peer = self.udp.recvfrom(64)
+                self.datagrams.append(data)
+                self.udp.sendto(data, peer)
+            except OSError:
+                return
 
     def _serve(self) -> None:
         while True:
@@ -67,6 +81,7 @@ class Hello:
 
     def close(self) -> None:
         self.server.close()
+        self.udp.close()
 
 
 @pytest.fixture
@@ -178,6 +193,7 @@ def test_an_allowlisted_sandbox_reaches_only_its_hosts_and_reports_the_rest(
         (target, "network", "net")
     ] * 2, denied
     assert all(d["agentId"] == agent["id"] for d in denied)
+    assert forbidden.datagrams == [], "a datagram got past the sandbox"
 
 
 def test_without_the_sandbox_every_network_attack_works(
@@ -191,12 +207,14 @@ def test_without_the_sandbox_every_network_attack_works(
         assert event_log(c, types={"agent.sandbox_denied"}) == []
     for who, result in _results(repo).items():
         assert _verdicts(result) == dict.fromkeys(ATTACKS + REACHES, "allowed"), f"{who}: {result}"
+    assert listeners[0].datagrams == [b"hello"] * 2
 
 
-def test_a_sandbox_without_network_reaches_nothing_over_tcp(
+def test_a_sandbox_without_network_reaches_nothing_over_tcp_udp_or_icmp(
     repo: Path, listeners: tuple[Hello, Hello], setuid_program: str
 ) -> None:
-    """``network = "none"``: no proxy, no TCP connection anywhere, the listed host neither."""
+    """``network = "none"``: no proxy, no TCP connection anywhere, the listed host neither,
+    and no datagram or ICMP socket (seccomp: Landlock's rules are TCP's)."""
     _config(repo, listeners, setuid_program, {"mode": "workspace", "network": "none"})
     with core_daemon(repo) as daemon:
         c = daemon.client()
@@ -206,6 +224,8 @@ def test_a_sandbox_without_network_reaches_nothing_over_tcp(
     for who, result in _results(repo).items():
         assert _verdicts(result) == dict.fromkeys(ATTACKS + REACHES, "denied"), (who, result)
         assert "Permission denied" in result["proxy_allowed"], result
+        assert "Permission denied" in result["udp"], result
+    assert listeners[0].datagrams == [], "a datagram got past the sandbox"
 
 
 def test_a_kernel_without_tcp_rules_starts_no_network_restricted_run(

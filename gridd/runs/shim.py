@@ -326,11 +326,13 @@ def _spawn(spec: dict[str, object], stdin: int, out: int) -> int:
     argv = [str(a) for a in spec["argv"]]  # type: ignore[attr-defined]
     env = {str(k): str(v) for k, v in spec["env"].items()}  # type: ignore[attr-defined]
     sandbox = spec.get("sandbox")
-    landlock = None
+    landlock = seccomp = None
     if sandbox and sys.platform == "darwin":
         argv = _sandboxing("seatbelt").command(sandbox, argv)
     elif sandbox:
         landlock = _sandboxing("landlock")
+        if sandbox.get("network", "allow") != "allow":  # type: ignore[attr-defined]
+            seccomp = _sandboxing("seccomp")  # UDP, raw sockets, io_uring: not Landlock's
     err_r, err_w = os.pipe()
     os.set_inheritable(err_w, False)
     fcntl.fcntl(err_w, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
@@ -346,6 +348,8 @@ def _spawn(spec: dict[str, object], stdin: int, out: int) -> int:
             os.closerange(err_w + 1, 1 << 16)
             if landlock is not None:
                 landlock.enforce(sandbox)
+                if seccomp is not None and (why := seccomp.close_datagrams()) is not None:
+                    raise landlock.SandboxUnavailable(errno.ENOSYS, why)
             try:
                 os.execvpe(argv[0], argv, env)
             except OSError as exc:

@@ -18,7 +18,10 @@ left behind) try them all again. What came of each is written into its worktree,
   (``CONNECT``, and an absolute-form ``GET http://...``; straight without a proxy);
 - ``bind``: a TCP listener of its own;
 - ``setuid``: whether SETUID_PROGRAM ran with another effective uid than ours;
-- ``daemon_socket``: ``GET /health`` on ``GRID_SOCKET``, the daemon's API.
+- ``daemon_socket``: ``GET /health`` on ``GRID_SOCKET``, the daemon's API;
+- ``udp``: a datagram to FORBIDDEN_PORT over UDP (the listener echoes it back), which no
+  proxy carries: a DNS query to any server would go the same way;
+- ``raw``: an ICMP echo socket (``ping``'s), another way around the proxy.
 
 Each is ``allowed`` (it worked) or ``denied``, with the reason after a colon for a denial.
 """
@@ -148,6 +151,28 @@ def _daemon_socket() -> str:
     return "allowed" if b" 200 " in line else f"denied: {line.decode(errors='replace')}"
 
 
+def _udp(port: int) -> str:
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.settimeout(5)
+            sock.sendto(b"hello", ("127.0.0.1", port))
+            data, _ = sock.recvfrom(64)
+    except OSError as exc:
+        return _why(exc)
+    return "allowed" if data == b"hello" else f"denied: answer {data!r}"
+
+
+def _raw() -> str:
+    """An ICMP socket: ``SOCK_RAW`` as root, else the unprivileged ``SOCK_DGRAM`` kind
+    (which ``net.ipv4.ping_group_range`` may not grant: then neither way is open)."""
+    kind = socket.SOCK_RAW if os.geteuid() == 0 else socket.SOCK_DGRAM
+    try:
+        socket.socket(socket.AF_INET, kind, socket.IPPROTO_ICMP).close()
+    except OSError as exc:
+        return _why(exc)
+    return "allowed"
+
+
 def attacks(forbidden: int, allowed: int, program: str) -> dict[str, str]:
     return {
         "direct": _direct(forbidden),
@@ -157,6 +182,8 @@ def attacks(forbidden: int, allowed: int, program: str) -> dict[str, str]:
         "bind": _bind(),
         "setuid": _setuid(program),
         "daemon_socket": _daemon_socket(),
+        "udp": _udp(forbidden),
+        "raw": _raw(),
     }
 
 

@@ -134,8 +134,8 @@ def _become_subreaper() -> bool:
 
 
 def _preload() -> None:
-    """Import ``ctypes`` (for ``_become_subreaper``) and ``landlock`` (for a sandboxed run)
-    ahead of need: a shim server before it forks any shim, a spare shim while it waits for
+    """Import ``ctypes`` (for ``_become_subreaper``), ``landlock`` and ``seccomp`` (for a
+    sandboxed run) ahead of need: a shim server before it forks any shim, a spare shim while it waits for
     its run. A first import of a module off the standard library's path costs ~2 ms (each
     path entry's directory is listed), on the spawn's clock when done after the fork."""
     if sys.platform.startswith("linux"):
@@ -143,6 +143,7 @@ def _preload() -> None:
             import ctypes  # noqa: F401
 
             _sandboxing("landlock")
+            _sandboxing("seccomp")
         except ImportError:
             pass
 

@@ -32,6 +32,7 @@ BENCHMARKS: list[str] = [
     "sandbox",
     "egress",
     "kubernetes",
+    "podman",
     "beads",
     "throughput",
     "waves",

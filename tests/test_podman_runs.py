@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,10 @@ from pathlib import Path
 import pytest
 
 from gridd.client import GridClient
+from gridd.errors import Conflict
 from gridd.runs.image import default_cache_dir, ensure_image
+from gridd.runs.podman import PodmanEngine
+from gridd.settings import PodmanSettings
 from tests.support.api import wait_task_status
 from tests.support.daemons import Restartable, core_daemon
 from tests.support.git import git_show
@@ -223,3 +227,48 @@ def test_a_podman_run_past_its_memory_limit_is_killed_and_fails(
         assert "out of memory" in agent["error"]
         log = Path(agent["runDir"], "output.log")
         assert not log.exists() or "allocated" not in log.read_text()
+
+
+def test_a_containers_inputs_are_staged_private_mounted_read_only_and_go_with_it(
+    image: str, tmp_path: Path
+) -> None:
+    engine = PodmanEngine(
+        PodmanSettings(image=image), cache_dir=tmp_path / "cache", stage_dir=tmp_path / "boxes"
+    )
+    name = f"gridd-test-stage-{os.getpid()}"
+    spec = {"argv": ["sleep", "60"], "env": {"API_KEY": "secret"}, "branch": "main", "base": ""}
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    who = ["-c", "user.name=t", "-c", "user.email=t@x"]
+    subprocess.run(
+        ["git", "-C", str(repo), *who, "commit", "-q", "--allow-empty", "-m", "x"], check=True
+    )
+    bundle = subprocess.run(
+        ["git", "-C", str(repo), "bundle", "create", "-q", "-", "main"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    files = {"spec.json": json.dumps(spec).encode(), "base.bundle": bundle}
+    try:
+        engine.create(name, labels={"grid.test": "stage"}, files=files)
+        stage = tmp_path / "boxes" / name
+        assert stat.S_IMODE(stage.stat().st_mode) == 0o700
+        for file in ("spec.json", "base.bundle", "boxshim.py"):
+            assert stat.S_IMODE((stage / file).stat().st_mode) == 0o600, file
+        with pytest.raises(Conflict):  # the name is the claim, and its inputs stay
+            engine.create(name, labels={}, files=files)
+        assert json.loads((stage / "spec.json").read_text()) == spec
+        # The shim says on its stdout that the agent runs: read from the log, no exec.
+        news = wait_for(lambda: engine.news(name), timeout=30, message="the shim's news")
+        assert isinstance(news["agent"]["pid"], int), news
+        inside = subprocess.run(
+            ["podman", "exec", name, "sh", "-c", "stat -c %a /grid/in/spec.json; touch /grid/in/x"],
+            capture_output=True,
+            text=True,
+        )
+        assert inside.stdout.split() == ["600"] and inside.returncode != 0  # read-only
+    finally:
+        engine.remove(name)
+    assert not (tmp_path / "boxes" / name).exists()
+    assert not (tmp_path / "boxes" / f"{name}.log").exists()
+    assert engine.info(name) is None

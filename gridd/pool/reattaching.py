@@ -43,10 +43,12 @@ class Reattacher:
     async def reattach(self, agent: Agent) -> None:
         """Resume watching an agent started by an earlier daemon (its shim outlived us), or,
         if that daemon died before the agent started, start its task afresh (never both)."""
-        handle = self.ctx.executor.reattach(agent)
+        # In a thread: a box's engine answers over podman or a cluster's API, and the loop
+        # serves on meanwhile.
+        handle = await asyncio.to_thread(self.ctx.executor.reattach, agent)
         if agent.pid is None and handle.pid is None and handle.exit_status() is None:
             # Recorded, not known to run: fence the run, or learn that its supervisor has it.
-            if self.ctx.executor.fence(Path(agent.run_dir)):
+            if await asyncio.to_thread(self.ctx.executor.fence, Path(agent.run_dir)):
                 self._respawn(agent)
                 return
             handle = await self._settled(agent, handle)
@@ -117,7 +119,7 @@ class Reattacher:
             if time.monotonic() > deadline:
                 break
             await asyncio.sleep(SETTLE_POLL_SECONDS)
-            handle = self.ctx.executor.reattach(agent)
+            handle = await asyncio.to_thread(self.ctx.executor.reattach, agent)
         return handle
 
     def _respawn(self, agent: Agent) -> None:

@@ -7,6 +7,10 @@ before it starts, start its main process (the in-box shim, ``runs/boxshim.py``),
 the shim's commands, find boxes again by label, remove one. Engines differ only in where
 the box is: ``runs/podman.py`` (containers), ``DirectoryBoxes`` here (a directory and a
 process group on this machine: the protocol with no container in the way).
+
+An engine that keeps the shim's own output on this machine (``Announcing``: podman's log
+file, a directory box's ``shim.log``) lets a spawn hear "agent started, pid N" there, a
+file read, instead of waiting for the mirror's first look (an exec).
 """
 
 from __future__ import annotations
@@ -18,10 +22,10 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from gridd.errors import Conflict, GriddError
 
@@ -93,6 +97,40 @@ class Engine(Protocol):
         """Let go of what the engine holds open (a watch); the boxes go on."""
 
 
+@runtime_checkable
+class Announcing(Protocol):
+    """An engine that can tell what the in-box shim said on its own output (its "news":
+    ``boxshim.py`` ``_announce``) without an exec: a read of a file on this machine."""
+
+    def news(self, name: str) -> dict[str, Any] | None:
+        """The shim's last word: ``{"agent": {...}}`` once it started the agent (what its
+        ``agent.json`` holds), ``{"exit": {...}}`` when it could not; None before it said
+        either (or when the box is not there). Cheap: called every few milliseconds."""
+
+
+def shim_news(lines: Iterable[bytes]) -> dict[str, Any] | None:
+    """The last news line (a JSON object naming ``agent`` or ``exit``) among the shim's
+    output lines; anything else there (a traceback, git's complaints) is passed over."""
+    found = None
+    for line in lines:
+        if not line.startswith(b"{"):
+            continue
+        try:
+            said = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(said, dict) and ("agent" in said or "exit" in said):
+            found = said
+    return found
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """A new file only its owner reads (the spec carries the model's environment)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
 class DirectoryBoxes:
     """Boxes as directories under ``base`` on this machine, the shim started detached in
     its own session. No isolation: it proves the protocol (nothing shared with the daemon
@@ -128,9 +166,9 @@ class DirectoryBoxes:
         except FileExistsError:
             raise Conflict(f"box {name} exists", code="box_exists") from None
         (box / "labels").write_text("".join(f"{k}={v}\n" for k, v in sorted(labels.items())))
-        (box / "boxshim.py").write_bytes(BOXSHIM.read_bytes())
+        write_private(box / "boxshim.py", BOXSHIM.read_bytes())
         for rel, data in files.items():
-            (box / rel).write_bytes(data)
+            write_private(box / rel, data)
         # Through sh, so that the shim is nobody's child here: it outlives the daemon as a
         # container does, and no daemon leaves it a zombie. Its own session: one group.
         launched = subprocess.run(
@@ -169,6 +207,13 @@ class DirectoryBoxes:
                 details={"box": name},
             )
         return done.stdout
+
+    def news(self, name: str) -> dict[str, Any] | None:
+        try:
+            raw = (self._dir(name) / "shim.log").read_bytes()
+        except OSError:
+            return None
+        return shim_news(raw.splitlines())
 
     def _labels(self, box: Path) -> dict[str, str]:
         try:

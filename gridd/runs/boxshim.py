@@ -2,7 +2,8 @@
 
 Run as ``python3 -I -S boxshim.py <command> <root> ...`` inside the box; it imports only the
 standard library, since the box holds git and Python and nothing of gridd. ``<root>`` holds
-what the daemon put in (``spec.json``, ``base.bundle``) and what the run makes::
+what the daemon put in (``spec.json``, ``base.bundle``; in ``<root>/in/`` when the engine
+mounts them there read-only, as podman does) and what the run makes::
 
     <root>/run/        output.log, heartbeat.ndjson, agent.json, exit.json, inbox/
     <root>/work/       the task's branch, cloned from base.bundle
@@ -14,7 +15,10 @@ exec's stdin, which the older exec protocols cannot do):
 ``run``      the box's main process: clone the base, start the agent (output appended to
              ``run/output.log``), deliver the inbox to its stdin, and once it has exited commit
              what it left, bundle the branch and write ``run/exit.json`` last. Then it waits
-             to be removed, so that the daemon can still read everything.
+             to be removed, so that the daemon can still read everything. Its own stdout
+             carries its news, one JSON line each: ``{"agent": ...}`` once the agent runs
+             (or ``{"exit": ...}`` when it could not start), for an engine that keeps that
+             output where the daemon reads it without an exec (``boxes.Announcing``).
 ``poll``     one line of JSON (the run's state and file sizes), then the output and heartbeat
              bytes from the given offsets: how the daemon's mirror copies them, by offset.
 ``put``      one inbox message, numbered by the daemon: exactly ``<size>`` bytes read from
@@ -50,6 +54,18 @@ def _write_atomic(path: str, data: bytes) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def _input(root: str, name: str) -> str:
+    """Where the daemon put an input file: ``<root>/in/`` (mounted), else ``<root>/``."""
+    mounted = os.path.join(root, "in", name)
+    return mounted if os.path.exists(mounted) else os.path.join(root, name)
+
+
+def _announce(news: dict[str, Any]) -> None:
+    """One line of news on the shim's own stdout (``boxes.shim_news`` reads it)."""
+    sys.stdout.write(json.dumps(news) + "\n")
+    sys.stdout.flush()
 
 
 def _read_json(path: str) -> Any:
@@ -95,7 +111,7 @@ def _pump(inbox: str, proc: subprocess.Popen[bytes]) -> None:
 def run(root: str) -> int:
     run_dir, inbox, work = _paths(root)
     os.makedirs(inbox, exist_ok=True)
-    spec = _read_json(os.path.join(root, "spec.json"))
+    spec = _read_json(_input(root, "spec.json"))
     exit_path = os.path.join(run_dir, "exit.json")
     if os.path.exists(exit_path):
         return _linger()
@@ -109,7 +125,7 @@ def run(root: str) -> int:
                     "-q",
                     "-b",
                     spec["branch"],
-                    os.path.join(root, "base.bundle"),
+                    _input(root, "base.bundle"),
                     work,
                 ],
                 check=True,
@@ -137,11 +153,11 @@ def run(root: str) -> int:
         why = detail.decode(errors="replace").strip()
         record["error"] = f"could not start the agent in the box: {exc} {why}"
         _write_atomic(exit_path, json.dumps(record).encode())
+        _announce({"exit": record})
         return _linger()
-    _write_atomic(
-        os.path.join(run_dir, "agent.json"),
-        json.dumps({"pid": proc.pid, "shimPid": os.getpid(), "startedAt": time.time()}).encode(),
-    )
+    agent = {"pid": proc.pid, "shimPid": os.getpid(), "startedAt": time.time()}
+    _announce({"agent": agent})  # first: the spawn waits for it, not for the fsync below
+    _write_atomic(os.path.join(run_dir, "agent.json"), json.dumps(agent).encode())
 
     def forward(signum: int, frame: object) -> None:
         try:

@@ -9,6 +9,7 @@ directory with ``remote.json`` is a box's (``runs/remote.py``), any other is loc
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -81,6 +82,7 @@ class RoutedExecutor:
         self.local = local
         self.builders = dict(remotes)
         self.remotes: dict[str, RemoteExecutor] = {}
+        self._building = threading.Lock()
 
     def start(self) -> None:
         self.local.start()
@@ -91,11 +93,12 @@ class RoutedExecutor:
         self.local.close()
 
     def _built(self, kind: str) -> RemoteExecutor:
-        remote = self.remotes.get(kind)
-        if remote is None:
-            remote = self.remotes[kind] = self.builders[kind]()
-            remote.start()
-        return remote
+        with self._building:  # a reattach asks from a thread (``pool/reattaching.py``)
+            remote = self.remotes.get(kind)
+            if remote is None:
+                remote = self.remotes[kind] = self.builders[kind]()
+                remote.start()
+            return remote
 
     def _of(self, run_dir: Path) -> Executor:
         remote = self._remote(run_dir)

@@ -57,6 +57,12 @@ class RunMirror:
     def exit_path(self) -> Path:
         return self.run_dir / "exit.json"
 
+    def heard(self, agent: dict[str, Any]) -> None:
+        """The shim said the agent runs (its news, before any look): as a look would."""
+        self.agent = agent
+        if not (self.run_dir / "agent.json").exists():
+            _write_atomic(self.run_dir / "agent.json", json.dumps(agent).encode())
+
     def look(self) -> bool:
         """Copy what is new; finish the run once the box says it exited. True when
         something changed (copied, finished or lost)."""

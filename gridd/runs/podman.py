@@ -1,29 +1,31 @@
 """The podman engine: each run's box is a container (``runs/boxes.py`` ``Engine``).
 
-A container is created (its name is the run's box name: podman refuses a name in use, which
-is the claim), the in-box shim, the spec and the base bundle are copied in as one tar
-stream, and it is started with the shim as its main process. Everything else is ``podman
-exec`` of the shim's commands. Containers carry the workspace, task and run as labels, so a
-restarted daemon (or a person: ``podman ps --filter label=grid.task=...``) finds them.
+A container is run detached (its name is the run's box name: podman refuses a name in use,
+which is the claim) with the shim as its main process. What the daemon puts in (the in-box
+shim, the spec, the base bundle) is staged in a directory of its own on this machine (0700,
+its files 0600) and bind-mounted read-only at ``/grid/in``: one ``podman run``, no copy.
+The shim's own output goes to a log file beside it (``--log-driver=k8s-file``), where a
+spawn reads its news ("agent started, pid N": ``boxes.Announcing``) without an exec.
+Everything else is ``podman exec`` of the shim's commands, the protocol every engine shares.
+Containers carry the workspace, task and run as labels, so a restarted daemon (or a person:
+``podman ps --filter label=grid.task=...``) finds them.
 
 With no ``image`` configured, the image is built from Debian packages (``runs/image.py``).
 """
 
 from __future__ import annotations
 
-import io
 import json
+import shutil
 import socket
 import subprocess
-import tarfile
 import threading
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from gridd.errors import Conflict
-from gridd.runs.boxes import BOXSHIM, BoxError, BoxGone, BoxInfo
+from gridd.runs.boxes import BOXSHIM, BoxError, BoxGone, BoxInfo, shim_news, write_private
 from gridd.runs.image import ensure_image
 from gridd.settings import PodmanSettings
 
@@ -35,9 +37,13 @@ class PodmanEngine:
     kind = "podman"
     root = ROOT
 
-    def __init__(self, settings: PodmanSettings, *, cache_dir: Path) -> None:
+    def __init__(
+        self, settings: PodmanSettings, *, cache_dir: Path, stage_dir: Path | None = None
+    ) -> None:
         self.settings = settings
         self.cache_dir = cache_dir
+        #: Each box's staged inputs (``<name>/``, mounted into it) and its log (``<name>.log``).
+        self.stage_dir = stage_dir or cache_dir.parent / "boxes"
         self._image = settings.image
         self._image_lock = threading.Lock()
 
@@ -78,6 +84,12 @@ class PodmanEngine:
             options.append(f"--memory={s.memory}")
         return options
 
+    def _staged(self, name: str) -> Path:
+        return self.stage_dir / name
+
+    def _log(self, name: str) -> Path:
+        return self.stage_dir / f"{name}.log"
+
     def create(
         self,
         name: str,
@@ -87,33 +99,57 @@ class PodmanEngine:
         options: Mapping[str, Any] | None = None,
     ) -> None:
         image = self.image()
+        stage = self._staged(name)
+        self.stage_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if stage.exists():
+            if self.info(name) is not None:  # the box's own: never touched
+                raise Conflict(f"container {name} exists", code="box_exists")
+            shutil.rmtree(stage)  # left by a box that is gone
+        stage.mkdir(mode=0o700)
+        for rel, data in {"boxshim.py": BOXSHIM.read_bytes(), **files}.items():
+            write_private(stage / rel, data)
         label_args = [f"--label={k}={v}" for k, v in sorted(labels.items())]
         try:
             self._podman(
-                "create",
+                "run",
+                "--detach",
                 f"--name={name}",
                 *label_args,
                 *self.run_options(),
+                f"--mount=type=bind,src={stage},dst={ROOT}/in,ro=true",
+                "--log-driver=k8s-file",
+                f"--log-opt=path={self._log(name)}",
                 image,
                 "python3",
                 "-I",
                 "-S",
-                f"{ROOT}/boxshim.py",
+                f"{ROOT}/in/boxshim.py",
                 "run",
                 ROOT,
             )
         except BoxError as exc:
-            if "already in use" in exc.message:
+            if "already in use" in exc.message:  # the claim: whatever is staged is its
                 raise Conflict(f"container {name} exists", code="box_exists") from None
+            self.remove(name)  # created but not started, perhaps
             raise
+
+    def news(self, name: str) -> dict[str, Any] | None:
+        """What the shim said on its stdout, from the container's log file: k8s-file lines
+        ``<time> <stream> <P|F> <text>``, a ``P`` (partial) line continued by the next."""
         try:
-            self._podman(
-                "cp", "-", f"{name}:/", stdin=_tar({"boxshim.py": BOXSHIM.read_bytes(), **files})
-            )
-            self._podman("start", name)
-        except BoxError:
-            self.remove(name)
-            raise
+            raw = self._log(name).read_bytes()
+        except OSError:
+            return None
+        lines, part = [], b""
+        for line in raw.splitlines():
+            fields = line.split(b" ", 3)
+            if len(fields) < 3 or fields[1] != b"stdout":
+                continue
+            part += fields[3] if len(fields) == 4 else b""
+            if fields[2] != b"P":
+                lines.append(part)
+                part = b""
+        return shim_news(lines)
 
     def exec(self, name: str, args: list[str], *, stdin: bytes = b"") -> bytes:
         interactive = ["--interactive"] if stdin else []
@@ -124,7 +160,7 @@ class PodmanEngine:
             "python3",
             "-I",
             "-S",
-            f"{ROOT}/boxshim.py",
+            f"{ROOT}/in/boxshim.py",
             args[0],
             ROOT,
             *args[1:],
@@ -166,18 +202,5 @@ class PodmanEngine:
             self._podman("rm", "--force", "--time=0", name)
         except BoxGone:
             pass
-
-
-def _tar(files: dict[str, bytes]) -> bytes:
-    """``files`` under ``/grid`` as a tar stream (what ``podman cp -`` takes)."""
-    buffer = io.BytesIO()
-    now = time.time()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        folder = tarfile.TarInfo(ROOT.lstrip("/"))
-        folder.type, folder.mode, folder.mtime = tarfile.DIRTYPE, 0o755, now
-        tar.addfile(folder)
-        for rel, data in files.items():
-            info = tarfile.TarInfo(f"{ROOT.lstrip('/')}/{rel}")
-            info.size, info.mode, info.mtime = len(data), 0o644, now
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
+        shutil.rmtree(self._staged(name), ignore_errors=True)
+        self._log(name).unlink(missing_ok=True)

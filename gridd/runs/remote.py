@@ -7,7 +7,10 @@ An ``Executor`` (``runs/executor.py``) over an ``Engine`` (``runs/boxes.py``). A
 3. creates the box named after the run, with the bundle, the spec and the in-box shim
    (``runs/boxshim.py``). Creating it is the claim: a name taken fails the spawn, so a
    run never has two copies. The shim clones the bundle and starts the agent;
-4. waits for the shim's ``agent.json`` (or its ``exit.json``), as the local executor does.
+4. waits for the shim's ``agent.json`` (or its ``exit.json``), as the local executor does:
+   heard from the shim's news where the engine keeps it on this machine
+   (``boxes.Announcing``: a file read), else (or when the news is slow to come) from the
+   mirror's looks.
 
 From then on one thread keeps every run's mirror (``runs/mirror.py``): output and
 heartbeats copied by offset, and ``exit.json`` written last, once the output is drained
@@ -31,7 +34,7 @@ from pathlib import Path
 
 from gridd.errors import Conflict, GriddError
 from gridd.model import Agent
-from gridd.runs.boxes import BoxError, BoxGone, Engine
+from gridd.runs.boxes import Announcing, BoxError, BoxGone, Engine
 from gridd.runs.executor import AgentHandle, ExitStatus, Launch
 from gridd.runs.mirror import RunMirror
 
@@ -39,6 +42,11 @@ log = logging.getLogger(__name__)
 
 #: How often the mirror looks at each running box.
 LOOK_SECONDS = 0.1
+#: A spawn listening to the shim's news also has the mirror look (an exec: it sees a box
+#: that stopped without a word) once it has heard nothing for this long.
+NEWS_SECONDS = 1.0
+#: How often a spawn checks for the shim's news, or for what the mirror saw.
+SPAWN_POLL_SECONDS = 0.01
 REMOTE = "remote.json"
 
 
@@ -250,29 +258,52 @@ class RemoteExecutor:
         handle.where = self.engine.where(mirror.box)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.spawn_timeout
-        while handle.pid is None and handle.exit_status() is None:
-            if mirror.lost is not None or not mirror.running:
-                await asyncio.to_thread(self._forget, mirror)
-                raise RemoteSpawnError(
-                    f"box {mirror.box} stopped before its agent started: {mirror.lost}",
-                    details={"runDir": str(launch.run_dir)},
-                )
-            if loop.time() > deadline:
-                # Given up on: the box goes, so that it can never start the agent later.
-                await asyncio.to_thread(self._forget, mirror)
-                raise RemoteSpawnError(
-                    f"box {mirror.box} did not start the agent within {self.spawn_timeout:g}s;"
-                    " it is removed",
-                    details={"runDir": str(launch.run_dir)},
-                )
-            await asyncio.sleep(0.02)
-            handle._pick_up()
+        news_of = self.engine.news if isinstance(self.engine, Announcing) else None
+        news_by = loop.time() + NEWS_SECONDS
+        try:
+            while handle.pid is None and handle.exit_status() is None:
+                if news_of is not None:
+                    news = news_of(mirror.box)
+                    if news is not None or loop.time() > news_by:
+                        if news is not None and isinstance(news.get("agent"), dict):
+                            mirror.heard(news["agent"])
+                        # From here on the mirror's looks copy the run (and see it end).
+                        news_of = None
+                        self._watch(mirror)
+                        self._wake.set()
+                        handle._pick_up()
+                        continue
+                elif mirror.lost is not None or not mirror.running:
+                    await asyncio.to_thread(self._forget, mirror)
+                    raise RemoteSpawnError(
+                        f"box {mirror.box} stopped before its agent started: {mirror.lost}",
+                        details={"runDir": str(launch.run_dir)},
+                    )
+                if loop.time() > deadline:
+                    # Given up on: the box goes, so that it can never start the agent later.
+                    await asyncio.to_thread(self._forget, mirror)
+                    raise RemoteSpawnError(
+                        f"box {mirror.box} did not start the agent within"
+                        f" {self.spawn_timeout:g}s; it is removed",
+                        details={"runDir": str(launch.run_dir)},
+                    )
+                await asyncio.sleep(SPAWN_POLL_SECONDS)
+                handle._pick_up()
+        except asyncio.CancelledError:
+            self._watch(mirror)  # the box runs on: mirrored, and removed once it ends
+            raise
+        if news_of is not None:  # the looks tell the rest
+            self._watch(mirror)
+            self._wake.set()
         return handle
 
     def _create(self, launch: Launch) -> RunMirror:
         worktree = launch.cwd
-        branch = _git(worktree, "symbolic-ref", "--short", "HEAD")
-        base = _git(worktree, "rev-parse", "HEAD")
+        base, _, branch = _git(worktree, "rev-parse", "HEAD", "--abbrev-ref", "HEAD").partition(
+            "\n"
+        )
+        if branch == "HEAD":
+            raise RemoteSpawnError(f"the task's worktree {worktree} is on no branch")
         name = box_name(self.workspace, launch.run_dir)
         launch.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         remote = {
@@ -309,7 +340,8 @@ class RemoteExecutor:
             )
         except BoxError as exc:
             raise RemoteSpawnError(f"could not create box {name}: {exc.message}") from exc
-        return self._mirror(launch.run_dir, remote)
+        # An engine with news: the spawn hears the agent start there, before any look.
+        return self._mirror(launch.run_dir, remote, look=not isinstance(self.engine, Announcing))
 
     def box_env(self, env: Mapping[str, str]) -> dict[str, str]:
         """What of a launch's environment goes into the box: gridd's ``GRID_*``, what the
@@ -322,7 +354,8 @@ class RemoteExecutor:
             if k.startswith("GRID_") or k in self.forward_env or self.environ.get(k) != v
         }
 
-    def _mirror(self, run_dir: Path, remote: dict[str, str]) -> RunMirror:
+    def _mirror(self, run_dir: Path, remote: dict[str, str], *, look: bool = True) -> RunMirror:
+        """The run's mirror; with ``look``, looked at once and watched from then on."""
         mirror = RunMirror(
             run_dir=run_dir,
             engine=self.engine,
@@ -331,8 +364,9 @@ class RemoteExecutor:
             branch=remote["branch"],
             base=remote["base"],
         )
-        mirror.look()
-        self._watch(mirror)
+        if look:
+            mirror.look()
+            self._watch(mirror)
         return mirror
 
     def _forget(self, mirror: RunMirror) -> None:

@@ -16,6 +16,11 @@ list is of names as the agent spells them: ``CONNECT 1.2.3.4:443`` is not
 ``api.anthropic.com`` whatever that name resolves to. A plain-HTTP connection, once allowed,
 goes on to the same server for every request sent on it.
 
+The proxy reads a request's head on the event loop (a task per connection), and hands
+the two sockets of an allowed one to a relay (``runs/relay.py``): on Linux, ``splice``
+threads that move its bytes off the event loop, zero-copy; elsewhere a pair of asyncio
+protocols.
+
 The daemon holds the proxies: while it is away (a restart), a run's connections through it
 fail, and the restarted daemon opens the proxy of each live run again on the port it had
 (recorded with the run's sandbox): the agent's ruleset names that port for good.
@@ -25,11 +30,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 from urllib.parse import urlsplit
+
+from gridd.runs.relay import SPLICE, Relay, make_relay
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +45,13 @@ log = logging.getLogger(__name__)
 #: timeout; the upstream connection must be made within the same.
 HEAD_LIMIT = 16 * 1024
 TIMEOUT_SECONDS = 10.0
-#: Bytes read at once from either end of an allowed connection (allocated once it is).
-BUFFER = 256 * 1024
 #: Connections of one run open at once; more are answered 503 (a run cannot make the
 #: daemon hold its buffers without end).
 MAX_CONNECTIONS = 64
+#: Connections taken at once when the listener is readable; and, when accepting fails (out
+#: of descriptors), how long before the next try.
+ACCEPT_BATCH = 16
+ACCEPT_RETRY_SECONDS = 1.0
 #: A host listed without a port: HTTPS and HTTP.
 DEFAULT_PORTS = (443, 80)
 LOOPBACK = "127.0.0.1"
@@ -186,206 +196,191 @@ def answer(status: int, text: str) -> bytes:
     )
 
 
-class _End(asyncio.BufferedProtocol):
-    """One end of a relayed connection: what it receives goes to its peer as it comes, with
-    the transports' flow control (a peer that cannot take more pauses our reading). Read
-    into a buffer of its own, reused: no new object per read (a transport's ``write``
-    keeps a copy of what it could not send at once)."""
-
-    def __init__(self, proxy: RunProxy, peer: _End | None = None) -> None:
-        self.proxy = proxy
-        self.peer = peer
-        self.transport: asyncio.Transport | None = None
-        self.ended = False  # the other side sent EOF
-        self.buffer = memoryview(b"")
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        if not self.buffer:
-            self.buffer = memoryview(bytearray(self.buffer_size()))
-        return self.buffer
-
-    def buffer_size(self) -> int:
-        return BUFFER
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(self.buffer[:nbytes])
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        self.proxy.transports.add(self.transport)
-        if self.peer is not None:  # the server's end: quiet until the client is answered
-            self.peer.peer = self
-            self.transport.pause_reading()
-
-    def data_received(self, data: memoryview) -> None:
-        if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.write(data)
-
-    def eof_received(self) -> bool:
-        self.ended = True
-        peer = self.peer.transport if self.peer is not None else None
-        if peer is None or peer.is_closing() or self.peer is None or self.peer.ended:
-            self._close()
-            return False
-        if peer.can_write_eof():
-            peer.write_eof()  # half-closed: the other way may still be talking
-            return True
-        return False
-
-    def pause_writing(self) -> None:
-        if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.resume_reading()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.proxy.transports.discard(self.transport)
-        self._close()
-
-    def _close(self) -> None:
-        """Close both ends, each once what it has to send is sent."""
-        for end in (self, self.peer):
-            if end is not None and end.transport is not None:
-                end.transport.close()
+async def _read_head(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> tuple[bytes, bytes]:
+    """A request's head (up to its blank line) and what came after it; ``BadRequest`` if it
+    is too long, ``EOFError`` if the agent hung up first."""
+    head = bytearray()
+    while (end := head.find(b"\r\n\r\n")) < 0:
+        if len(head) > HEAD_LIMIT:
+            raise BadRequest("the request's head is too long")
+        data = await loop.sock_recv(conn, HEAD_LIMIT + 1 - len(head))
+        if not data:
+            raise EOFError
+        head += data
+    return bytes(head[: end + 4]), bytes(head[end + 4 :])
 
 
-class _Client(_End):
-    """The agent's end: its request's head first, then the decision, then the relay."""
-
-    def __init__(self, proxy: RunProxy) -> None:
-        super().__init__(proxy)
-        self.head = bytearray()
-        self.deciding = False
-        self.timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        self.proxy.clients += 1
-        if self.proxy.clients > MAX_CONNECTIONS:
-            self._refuse(503, f"gridd sandbox proxy: more than {MAX_CONNECTIONS} connections")
-            return
-        self.timer = asyncio.get_running_loop().call_later(TIMEOUT_SECONDS, self._too_slow)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.proxy.clients -= 1
-        if self.timer is not None:
-            self.timer.cancel()
-        super().connection_lost(exc)
-
-    def buffer_size(self) -> int:
-        """A head first (the big buffer once the connection is allowed)."""
-        return BUFFER if self.deciding else HEAD_LIMIT + 1
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        if self.deciding and len(self.buffer) < BUFFER:
-            self.buffer = memoryview(b"")
-        return super().get_buffer(sizehint)
-
-    def data_received(self, data: memoryview) -> None:
-        if self.deciding:
-            super().data_received(data)
-            return
-        self.head += data
-        end = self.head.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self.head) > HEAD_LIMIT:
-                self._refuse(400, "the request's head is too long")
-            return
-        self.deciding = True
-        assert self.transport is not None
-        self.transport.pause_reading()  # until the server is reached
-        if self.timer is not None:
-            self.timer.cancel()
-        head, rest = bytes(self.head[: end + 4]), bytes(self.head[end + 4 :])
-        self.proxy.spawn(f"egress:{self.proxy.run}", self._relay(head, rest))
-
-    def eof_received(self) -> bool:
-        if not self.deciding:
-            return False  # gone before it asked for anything: close
-        return super().eof_received()
-
-    def _too_slow(self) -> None:
-        if not self.deciding and self.transport is not None:
-            self.transport.abort()
-
-    def _refuse(self, status: int, text: str) -> None:
-        if self.transport is not None:
-            self.transport.write(answer(status, text))
-            self.transport.close()
-
-    async def _relay(self, head: bytes, rest: bytes) -> None:
-        """Decide; reach the server of an allowed request, then let both ways flow."""
+async def _connect(loop: asyncio.AbstractEventLoop, host: str, port: int) -> socket.socket:
+    """A socket connected to ``host:port`` (each of its addresses in turn)."""
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    error: OSError = OSError(f"{host} has no address")
+    for family, kind, proto, _, address in infos:
+        sock = socket.socket(family, kind, proto)
+        sock.setblocking(False)
         try:
-            request = parse_head(head)
-        except BadRequest as exc:
-            self._refuse(400, str(exc))
-            return
-        if not allowed(request.host, request.port, self.proxy.rules):
-            self.proxy.on_denied(request.target)
-            self._refuse(403, f"gridd sandbox: {request.target} is not in this run's allow_hosts")
-            return
-        loop = asyncio.get_running_loop()
-        try:
-            await asyncio.wait_for(
-                loop.create_connection(
-                    lambda: _End(self.proxy, peer=self), request.host, request.port
-                ),
-                TIMEOUT_SECONDS,
-            )
-        except (OSError, TimeoutError) as exc:
-            self._refuse(502, f"gridd sandbox proxy: {request.target}: {exc}")
-            return
-        server = self.peer.transport if self.peer is not None else None
-        if server is None or self.transport is None or self.transport.is_closing():
-            self._close()  # the agent hung up meanwhile
-            return
-        if request.tunnel:
-            self.transport.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        server.write(request.forward + rest)
-        server.resume_reading()
-        self.transport.resume_reading()
+            await loop.sock_connect(sock, address)
+        except OSError as exc:
+            sock.close()
+            error = exc
+        except BaseException:
+            sock.close()
+            raise
+        else:
+            return sock
+    raise error
 
 
 class RunProxy:
-    """The proxy of one run: a listener on loopback, allowing ``rules`` only."""
+    """The proxy of one run: a listener on loopback, allowing ``rules`` only.
+
+    A task per connection (``_serve``) reads its request's head, decides, reaches the
+    server and answers; an allowed connection's two sockets then go to a relay
+    (``runs/relay.py``), which owns them from there. ``close`` ends them all: the listener,
+    the connections still asking and every relay, at once."""
 
     def __init__(
-        self, run: str, rules: list[HostRule], *, on_denied: Callable[[str], None], spawn: Spawn
+        self,
+        run: str,
+        rules: list[HostRule],
+        *,
+        on_denied: Callable[[str], None],
+        spawn: Spawn,
+        splice: bool = SPLICE,
     ) -> None:
         self.run = run
         self.rules = rules
         self.on_denied = on_denied
         self.spawn = spawn
-        self.server: asyncio.Server | None = None
+        self.splice = splice
+        self.listener: socket.socket | None = None
         self.port = 0
-        self.transports: set[asyncio.Transport] = set()
-        self.clients = 0  # the agent's connections open
+        self.serving: set[asyncio.Task[Any]] = set()  # one per connection open
+        self.relays: set[Relay] = set()
 
     async def start(self, port: int = 0) -> int:
-        loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(
-            lambda: _Client(self), LOOPBACK, port, reuse_address=True
-        )
-        self.port = int(self.server.sockets[0].getsockname()[1])
+        self.loop = asyncio.get_running_loop()
+        self.listener = socket.create_server((LOOPBACK, port))  # SO_REUSEADDR: a restart
+        self.listener.setblocking(False)
+        self.port = int(self.listener.getsockname()[1])
+        self._listen()
         return self.port
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-        for transport in list(self.transports):
-            transport.abort()
-        self.transports.clear()
+        if self.listener is not None:
+            self.loop.remove_reader(self.listener.fileno())  # before its number is free
+            self.listener.close()
+            self.listener = None
+        for relay in list(self.relays):
+            relay.abort()  # now, not at the tasks' next turn
+        for task in list(self.serving):
+            task.cancel()
+
+    def _listen(self) -> None:
+        if self.listener is not None:
+            self.loop.add_reader(self.listener.fileno(), self._accept, self.listener)
+
+    def _accept(self, listener: socket.socket) -> None:
+        """The listener is readable: take the connections waiting (a batch at most)."""
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of descriptors: they wait in the backlog meanwhile
+                log.warning("sandbox proxy of run %s: %s; accepting again in 1 s", self.run, exc)
+                self.loop.remove_reader(listener.fileno())
+                self.loop.call_later(ACCEPT_RETRY_SECONDS, self._listen)
+                return
+            conn.setblocking(False)
+            if len(self.serving) >= MAX_CONNECTIONS:
+                text = f"gridd sandbox proxy: more than {MAX_CONNECTIONS} connections"
+                self.spawn(f"egress:{self.run}:refuse", self._refuse(conn, 503, text))
+                continue
+            task = self.spawn(f"egress:{self.run}:connection", self._serve(conn))
+            self.serving.add(task)
+            task.add_done_callback(self.serving.discard)
+
+    async def _serve(self, conn: socket.socket) -> None:
+        """One connection of the agent's: asked, decided, answered, then relayed."""
+        try:
+            server = await self._ask(conn)
+        except BaseException:
+            conn.close()
+            raise
+        if server is None:
+            conn.close()
+            return
+        relay = make_relay(conn, server, name=f"egress:{self.run}", splice=self.splice)
+        self.relays.add(relay)
+        try:
+            await relay.run()
+        finally:
+            self.relays.discard(relay)
+
+    async def _ask(self, conn: socket.socket) -> socket.socket | None:
+        """The server an allowed request reaches, the agent told so and the request's
+        first bytes sent on; None once the request is refused (and answered)."""
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(TIMEOUT_SECONDS):
+                head, rest = await _read_head(loop, conn)
+            request = parse_head(head)
+        except (TimeoutError, EOFError, OSError):
+            return None  # too slow, or gone before it asked for anything
+        except BadRequest as exc:
+            await self._answer(conn, 400, str(exc))
+            return None
+        if not allowed(request.host, request.port, self.rules):
+            self.on_denied(request.target)
+            text = f"gridd sandbox: {request.target} is not in this run's allow_hosts"
+            await self._answer(conn, 403, text)
+            return None
+        try:
+            async with asyncio.timeout(TIMEOUT_SECONDS):
+                server = await _connect(loop, request.host, request.port)
+        except (OSError, TimeoutError) as exc:
+            await self._answer(conn, 502, f"gridd sandbox proxy: {request.target}: {exc}")
+            return None
+        try:
+            if request.tunnel:
+                await loop.sock_sendall(conn, b"HTTP/1.1 200 Connection established\r\n\r\n")
+            if request.forward or rest:
+                await loop.sock_sendall(server, request.forward + rest)
+        except OSError:
+            server.close()  # either end hung up meanwhile
+            return None
+        except BaseException:
+            server.close()
+            raise
+        return server
+
+    async def _answer(self, conn: socket.socket, status: int, text: str) -> None:
+        try:
+            async with asyncio.timeout(TIMEOUT_SECONDS):
+                await asyncio.get_running_loop().sock_sendall(conn, answer(status, text))
+        except (OSError, TimeoutError):
+            pass  # it hung up, or reads nothing: it is refused all the same
+
+    async def _refuse(self, conn: socket.socket, status: int, text: str) -> None:
+        try:
+            await self._answer(conn, status, text)
+        finally:
+            conn.close()
 
 
 class EgressProxies:
     """The proxies of this daemon's runs, by run (agent id)."""
 
     def __init__(
-        self, on_denied: OnDenied, *, spawn: Spawn | None = None, limit: DenialLimit | None = None
+        self,
+        on_denied: OnDenied,
+        *,
+        spawn: Spawn | None = None,
+        limit: DenialLimit | None = None,
+        splice: bool = SPLICE,
     ) -> None:
         self.on_denied = on_denied
+        self.splice = splice
         self.spawn = spawn or self._spawn
         self.limit = limit or DenialLimit()
         self.proxies: dict[str, RunProxy] = {}
@@ -397,7 +392,11 @@ class EgressProxies:
         self.close(run)
         rules = [HostRule.parse(h) for h in hosts]
         proxy = RunProxy(
-            run, rules, on_denied=lambda target: self._denied(run, target), spawn=self.spawn
+            run,
+            rules,
+            on_denied=lambda target: self._denied(run, target),
+            spawn=self.spawn,
+            splice=self.splice,
         )
         await proxy.start(port)
         self.proxies[run] = proxy

@@ -1,0 +1,241 @@
+"""The relay: the bytes of one allowed proxy connection, both ways, between the agent's
+socket and the server's, until both ways are done (``runs/egress.py`` decides; this moves).
+
+Two relays, one contract: ``await relay.run()`` returns once the connection is over, and
+the relay closes both sockets; ``relay.abort()`` (from the event loop, at any time, any
+number of times) ends it now. An EOF from one end goes on as a half-close
+(``shutdown(SHUT_WR)``) to the other, whose way may still be talking; a reset or any other
+error on either way ends both.
+
+- ``SpliceRelay`` (Linux): a thread per way moves the bytes with ``splice(2)``, socket ->
+  pipe -> socket: the kernel passes pages by reference, no byte is copied into Python and
+  the event loop sees none of them. The sockets are blocking; ``abort`` shuts both down
+  (``SHUT_RDWR``), which wakes a ``splice`` blocked on either (EOF, or ``EPIPE``), so a
+  run's proxy closing, or the daemon stopping, never waits on a quiet connection. The
+  last thread out closes the pipes and sockets, so no descriptor is closed under a
+  ``splice`` still using it.
+- ``StreamRelay`` (elsewhere, macOS): a pair of ``asyncio.BufferedProtocol``s in the event
+  loop; each end reads into a buffer of its own and writes to its peer's transport, whose
+  flow control pauses the reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import socket
+import sys
+import threading
+from typing import cast
+
+#: Whether this platform has ``splice(2)`` (``os.splice``: Linux, Python 3.10+).
+SPLICE = sys.platform == "linux" and hasattr(os, "splice")
+#: Each way's pipe starts at the kernel's default size (64 KB) and grows to ``BIG_PIPE``
+#: once the way has moved ``GROW_AFTER`` bytes (a download, not an API's answers): one
+#: ``splice`` then moves up to 1 MB, which halves the relay's CPU for a bulk transfer
+#: against 64 KB. Pipe sizes count against the user's ``fs.pipe-user-pages-soft`` (64 MB
+#: by default), past which every new pipe of the user's, the agents' own included, gets
+#: two pages: at most ``BIG_PIPES`` grown at once in this process (16 MB).
+BIG_PIPE = 1024 * 1024
+GROW_AFTER = 4 * 1024 * 1024
+BIG_PIPES = 16
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_big_pipes = threading.BoundedSemaphore(BIG_PIPES)
+#: Bytes read at once by ``StreamRelay``'s ends.
+BUFFER = 256 * 1024
+
+
+class SpliceRelay:
+    """Both ways of a connection in two threads, zero-copy (see the module's docstring)."""
+
+    def __init__(self, client: socket.socket, server: socket.socket, *, name: str) -> None:
+        self.name = name
+        self.sockets = (client, server)
+        self._lock = threading.Lock()  # abort (the loop) against the last thread's close
+        self._left = 2
+        self._closed = False
+        self._over: asyncio.Future[None] | None = None
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._over = over = loop.create_future()
+        client, server = self.sockets
+        for sock in self.sockets:
+            sock.setblocking(True)
+        for way, (src, dst) in (("up", (client, server)), ("down", (server, client))):
+            threading.Thread(
+                target=self._way, args=(src, dst, loop), name=f"{self.name}:{way}", daemon=True
+            ).start()
+        try:
+            await asyncio.shield(over)
+        except asyncio.CancelledError:
+            self.abort()  # the threads close everything once out of their splice
+            raise
+
+    def abort(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            for sock in self.sockets:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass  # not connected any more
+
+    def _way(self, src: socket.socket, dst: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
+        """One way, until EOF (passed on as a half-close) or an error (ending both)."""
+        read, write = os.pipe2(os.O_CLOEXEC)
+        moved, big, asked = 0, False, False
+        try:  # a splice moves at most what the pipe holds: ask for the most it could
+            while n := os.splice(src.fileno(), write, BIG_PIPE):
+                moved += n
+                while n:
+                    n -= os.splice(read, dst.fileno(), n)
+                if moved > GROW_AFTER and not asked:  # the pipe is empty here: may resize
+                    asked = True
+                    big = _big_pipes.acquire(blocking=False) and _grow(write)
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            self.abort()
+        finally:
+            os.close(read)
+            os.close(write)
+            if big:
+                _big_pipes.release()
+            self._way_done(loop)
+
+    def _way_done(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._lock:
+            self._left -= 1
+            if self._left:
+                return
+            self._closed = True
+            for sock in self.sockets:
+                sock.close()
+        try:
+            loop.call_soon_threadsafe(self._finish)
+        except RuntimeError:
+            pass  # the loop is closed: no one waits any more
+
+    def _finish(self) -> None:
+        if self._over is not None and not self._over.done():
+            self._over.set_result(None)
+
+
+def _grow(pipe: int) -> bool:
+    """Whether ``pipe`` is now ``BIG_PIPE`` bytes (one of ``BIG_PIPES``, already taken)."""
+    try:
+        fcntl.fcntl(pipe, F_SETPIPE_SZ, BIG_PIPE)
+    except OSError:  # past the user's allowance: its size now still works
+        _big_pipes.release()
+        return False
+    return True
+
+
+class _End(asyncio.BufferedProtocol):
+    """One end of a ``StreamRelay``: what it receives goes to its peer as it comes."""
+
+    def __init__(self, relay: StreamRelay) -> None:
+        self.relay = relay
+        self.peer: _End | None = None
+        self.transport: asyncio.Transport | None = None
+        self.ended = False  # its far side sent EOF
+        self.buffer = memoryview(bytearray(BUFFER))
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.write(self.buffer[:nbytes])
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.pause_reading()  # until both ends are made
+
+    def eof_received(self) -> bool:
+        self.ended = True
+        peer = self.peer
+        if peer is None or peer.transport is None or peer.transport.is_closing() or peer.ended:
+            self.relay.close()
+            return False
+        if peer.transport.can_write_eof():
+            peer.transport.write_eof()  # half-closed: the other way may still be talking
+            return True
+        return False
+
+    def pause_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.relay.lost()
+
+
+class StreamRelay:
+    """Both ways of a connection in the event loop (see the module's docstring)."""
+
+    def __init__(self, client: socket.socket, server: socket.socket, *, name: str) -> None:
+        self.name = name
+        self.sockets = (client, server)
+        self.ends = (_End(self), _End(self))
+        self.ends[0].peer, self.ends[1].peer = self.ends[1], self.ends[0]
+        self._lost = 0
+        self._over: asyncio.Future[None] | None = None
+        self._aborted = False
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._over = over = loop.create_future()
+        (client, server), (client_end, server_end) = self.sockets, self.ends
+        try:
+            await loop.connect_accepted_socket(lambda: client_end, sock=client)
+            await loop.create_connection(lambda: server_end, sock=server)
+            if self._aborted:
+                self.close(abort=True)
+            for end in self.ends:
+                if end.transport is not None and not end.transport.is_closing():
+                    end.transport.resume_reading()
+            await asyncio.shield(over)
+        except BaseException:
+            self.abort()
+            for end, sock in zip(self.ends, self.sockets, strict=True):
+                if end.transport is None:
+                    sock.close()  # never handed to a transport
+            raise
+
+    def abort(self) -> None:
+        self._aborted = True
+        self.close(abort=True)
+
+    def close(self, *, abort: bool = False) -> None:
+        """Close both ends (each once what it has to send is sent, unless ``abort``)."""
+        for end in self.ends:
+            if end.transport is not None:
+                if abort:
+                    end.transport.abort()
+                else:
+                    end.transport.close()
+
+    def lost(self) -> None:
+        self._lost += 1
+        self.close()
+        if self._lost == 2 and self._over is not None and not self._over.done():
+            self._over.set_result(None)
+
+
+Relay = SpliceRelay | StreamRelay
+
+
+def make_relay(
+    client: socket.socket, server: socket.socket, *, name: str, splice: bool = SPLICE
+) -> Relay:
+    """The relay for a connection the proxy has allowed: it owns both sockets from here."""
+    if splice:
+        return SpliceRelay(client, server, name=name)
+    return StreamRelay(client, server, name=name)

@@ -7,16 +7,24 @@ process of its own with its own event loop, as in the daemon) allowing that serv
 proxy with ``CONNECT`` (``curl -p -x``: what an agent's HTTPS does). Downloads alternate
 between the two, one at a time; the time is curl's own ``time_total``.
 
+Also, without a target: the proxy process's CPU per proxied download, and how much of it
+its event loop's thread spent (``/proc``: the process's ``stat``, which counts the relay's
+threads gone since, and the main thread's ``schedstat``), and how late a 5 ms timer on
+that loop fired at worst during each download, proxied and direct (the loop must stay
+responsive while a tunnel is busy: the daemon serves its API on it).
+
 Baseline: the direct downloads. Target: the proxy's median throughput >= 0.8 x the direct
 median. Skipped (no figures) without ``curl``.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from bench.common import PYTHON, ROOT, Check, latency_baseline, median, ms_summary, result
@@ -46,28 +54,64 @@ while True:
 """
 
 PROXY = """
-import asyncio, sys
+import asyncio, sys, time
 from gridd.runs.egress import EgressProxies
 async def main():
+    loop = asyncio.get_running_loop()
     proxies = EgressProxies(lambda *denied: None)
     print(await proxies.open("bench", [f"127.0.0.1:{sys.argv[1]}"]), flush=True)
-    await asyncio.Event().wait()
+    worst = 0.0
+    def report():  # a line in: the worst lag since the last report out
+        nonlocal worst
+        sys.stdin.readline()
+        print(worst, flush=True)
+        worst = 0.0
+    loop.add_reader(sys.stdin.fileno(), report)
+    while True:
+        start = time.monotonic()
+        await asyncio.sleep(0.005)
+        worst = max(worst, time.monotonic() - start - 0.005)
 asyncio.run(main())
 """
 
 
 @contextmanager
-def _serving(code: str, *args: str) -> Iterator[int]:
+def _serving(code: str, *args: str) -> Iterator[tuple[int, subprocess.Popen[str]]]:
     """A helper process that prints its port, then serves until it is killed."""
     proc = subprocess.Popen(
-        [PYTHON, "-c", code, *args], stdout=subprocess.PIPE, cwd=str(ROOT), text=True
+        [PYTHON, "-c", code, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=str(ROOT),
+        text=True,
     )
     try:
         assert proc.stdout is not None
-        yield int(proc.stdout.readline())
+        yield int(proc.stdout.readline()), proc
     finally:
         proc.kill()
         proc.wait()
+
+
+class _Proxy:
+    """The proxy's process, looked at from outside: CPU and its loop's worst lag."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self.ticks = os.sysconf("SC_CLK_TCK")
+
+    def cpu(self) -> tuple[float, float]:
+        """Seconds of CPU so far: the process's (threads gone included), its main thread's."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        main = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/schedstat").read_text()
+        return (int(fields[11]) + int(fields[12])) / self.ticks, int(main.split()[0]) / 1e9
+
+    def lag(self) -> float:
+        """The loop's worst lag (seconds) since the last time asked."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
 
 
 def _download(curl: str, port: int, proxy: int | None) -> float:
@@ -96,12 +140,24 @@ def run(quick: bool) -> dict[str, Any]:
             quick=quick,
         )
     times: dict[str, list[float]] = {"direct": [], "proxy": []}
-    with _serving(SERVER, str(size_mb * 1_000_000)) as port, _serving(PROXY, str(port)) as proxy:
+    lags: dict[str, list[float]] = {"direct": [], "proxy": []}
+    cpu = [0.0, 0.0]  # the proxy's process and its loop's thread, over the proxied downloads
+    with (
+        _serving(SERVER, str(size_mb * 1_000_000)) as (port, _),
+        _serving(PROXY, str(port)) as (proxy, proc),
+    ):
+        watch = _Proxy(proc)
         _download(curl, port, None)  # warm-ups
         _download(curl, port, proxy)
         for _ in range(runs):
-            times["direct"].append(_download(curl, port, None))
-            times["proxy"].append(_download(curl, port, proxy))
+            for way, through in (("direct", None), ("proxy", proxy)):
+                watch.lag()
+                before = watch.cpu()
+                times[way].append(_download(curl, port, through))
+                after = watch.cpu()
+                lags[way].append(watch.lag())
+                if through is not None:
+                    cpu = [c + a - b for c, a, b in zip(cpu, after, before, strict=True)]
     direct_mbs = size_mb / median(times["direct"])
     proxy_mbs = size_mb / median(times["proxy"])
     ratio = proxy_mbs / direct_mbs
@@ -125,10 +181,18 @@ def run(quick: bool) -> dict[str, Any]:
             "size_mb": size_mb,
             "direct_mb_per_s": round(direct_mbs, 1),
             "proxy_ms": ms_summary(times["proxy"]),
+            "proxy_cpu_ms_per_download": round(cpu[0] / runs * 1000, 1),
+            "loop_thread_cpu_ms_per_download": round(cpu[1] / runs * 1000, 2),
+            "loop_worst_lag_ms": {
+                "during_proxied": ms_summary(lags["proxy"]),
+                "during_direct": ms_summary(lags["direct"]),
+            },
         },
         quick=quick,
         summary=f"through the proxy {proxy_mbs:.0f} MB/s, direct {direct_mbs:.0f} MB/s;"
-        f" ratio {ratio:.2f}",
+        f" ratio {ratio:.2f}; the proxy's CPU {cpu[0] / runs * 1000:.1f} ms per download, its"
+        f" loop's {cpu[1] / runs * 1000:.2f} ms; loop lag worst {max(lags['proxy']) * 1000:.1f}"
+        f" ms proxied, {max(lags['direct']) * 1000:.1f} ms direct",
         notes="downloads alternate, one at a time, after one warm-up of each; curl's"
         " time_total, CONNECT through the proxy",
     )

@@ -18,7 +18,8 @@ API server is another process. Around it, what kmock does not do, kept small:
   refused before the upgrade, as the API server does.
 
 Everything the tests do to the cluster (a pod OOM-killed, evicted, a Job past its deadline,
-a Job deleted by someone else, a quota full) goes through ``FakeCluster``'s methods.
+a Job deleted by someone else, a quota full, a pod kept Pending, a pod the quota refuses
+with the Job controller's ``FailedCreate`` Event) goes through ``FakeCluster``'s methods.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import kmock
 T = TypeVar("T")
 JOBS = "batch/v1/jobs"
 PODS = "v1/pods"
+EVENTS = "v1/events"
 #: The node the stand-in scheduler binds every pod to (``spec.nodeName``).
 NODE = "standin-node-1"
 #: The kubelet's writes on their way to the pods' watches (kept until put).
@@ -86,6 +88,12 @@ class Cluster(kmock.KubernetesEmulator):  # type: ignore[misc]
         self.refuse: tuple[int, str, str] | None = None  # the next Job create's answer
         self.log: list[tuple[str, str, dict[str, str]]] = []  # (method, path, query)
         self.created: list[dict[str, Any]] = []  # every Job created, as it was sent
+        #: Pods made while set stay Pending (never scheduled) until ``release_held``.
+        self.hold = False
+        self.held: dict[str, dict[str, Any]] = {}  # pod name -> its Job, as created
+        #: While set, a Job's pod is refused by the namespace's quota (this message), as
+        #: the Job controller is: no pod, a ``FailedCreate`` Event on the Job.
+        self.pod_quota: str | None = None
 
     async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
         raw = request._raw_request
@@ -115,14 +123,50 @@ class Cluster(kmock.KubernetesEmulator):  # type: ignore[misc]
     async def _start_pod(self, job: dict[str, Any]) -> None:
         meta = job["metadata"]
         namespace = meta.get("namespace") or "default"
+        if self.pod_quota is not None:
+            self._refuse_pod(meta["name"], namespace, self.pod_quota)
+            return
         name = f"{meta['name']}-{secrets.token_hex(3)[:5]}"
         template = job["spec"]["template"]
         labels = {**(template.get("metadata") or {}).get("labels", {}), "job-name": meta["name"]}
         pod = PodRun(name, meta["name"], namespace, self.base / name, labels=labels)
         pod.base.mkdir(parents=True)
         self.pods[name] = pod
-        [container] = template["spec"]["containers"]
         self._put_pod(pod, {"phase": "Pending"}, template["spec"])
+        if self.hold:
+            self.held[name] = job
+            return
+        await self._run_pod(pod, template)
+
+    async def release_held(self) -> None:
+        """The held pods still there are scheduled and run (their Job may be gone)."""
+        held, self.held = self.held, {}
+        for name, job in held.items():
+            pod = self.pods.get(name)
+            if pod is not None:
+                await self._run_pod(pod, job["spec"]["template"])
+
+    def _refuse_pod(self, job: str, namespace: str, message: str) -> None:
+        name = f"{job}.{secrets.token_hex(8)}"
+        self.objects[EVENTS, namespace, name] = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "name": job,
+                "namespace": namespace,
+            },
+            "type": "Warning",
+            "reason": "FailedCreate",
+            "message": f'Error creating: pods "{job}-x7k2p" is forbidden: {message}',
+            "source": {"component": "job-controller"},
+            "count": 1,
+        }
+
+    async def _run_pod(self, pod: PodRun, template: dict[str, Any]) -> None:
+        [container] = template["spec"]["containers"]
         argv = [self._map(pod, arg) for arg in container["command"]]
         argv[0] = sys.executable if argv[0] == "python3" else argv[0]
         out = open(pod.base / "pod.log", "ab")  # noqa: SIM115 (the process keeps it)
@@ -307,6 +351,7 @@ class FakeCluster:
             async with Cluster(self.base) as cluster, kmock.Server(cluster) as server:
                 cluster.resources[JOBS] = {}
                 cluster.resources[PODS] = {}
+                cluster.resources[EVENTS] = {}
                 self.cluster, self.url = cluster, str(server.url).rstrip("/")
                 self._ready.set()
                 await self._stop.wait()
@@ -358,6 +403,26 @@ class FakeCluster:
     def refuse_next_create(self, code: int, reason: str, message: str) -> None:
         assert self.cluster is not None
         self.cluster.refuse = (code, reason, message)
+
+    def hold_pods(self) -> None:
+        """From now on, each Job's pod stays Pending: never scheduled, its command not run."""
+        assert self.cluster is not None
+        self.cluster.hold = True
+
+    def release_held(self) -> None:
+        """The pods held Pending that are still there run now, as a scheduler would."""
+
+        async def release(c: Cluster) -> None:
+            c.hold = False
+            await c.release_held()
+
+        self.call(release)
+
+    def refuse_pods_for_quota(self, message: str | None) -> None:
+        """From now on (None: no more), a Job is admitted but its pod is refused by the
+        namespace's quota: a ``FailedCreate`` Event with ``message`` on the Job, no pod."""
+        assert self.cluster is not None
+        self.cluster.pod_quota = message
 
     def only_v4(self) -> None:
         assert self.cluster is not None

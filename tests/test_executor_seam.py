@@ -79,6 +79,10 @@ class LoggedExecutor:
         self.calls.append(("reattach", agent.id))
         return LoggedHandle(self.inner.reattach(agent), self.calls)
 
+    def abandon_start(self, run_dir: Path) -> None:
+        self.calls.append(("abandon_start", run_dir.name))
+        self.inner.abandon_start(run_dir)
+
     def fence(self, run_dir: Path) -> bool:
         self.calls.append(("fence", run_dir.name))
         return self.inner.fence(run_dir)

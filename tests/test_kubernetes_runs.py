@@ -4,8 +4,9 @@ real lightkube client and the real in-box shim in each pod's directory.
 
 What this proves: the Job (every cap), the claim (409), the run protocol over the exec
 websocket (files in, looks, answers, signals, the result bundle out), reattach by label
-after a restart, cancel and its propagation, the exit reasons read from the Job and its pod,
-and a quota's 403 as "not started". What it cannot: a real scheduler, kubelet or cgroup
+after a restart, cancel and its propagation (also while the pod is Pending), the exit
+reasons read from the Job and its pod, and a quota (its 403, or its refusal of the Job's
+pod) as "not started". What it cannot: a real scheduler, kubelet or cgroup
 (an OOM kill, an eviction, a deadline are set on the objects as the cluster would set them),
 and a real API server's exec (the stand-in speaks the same channel protocol)."""
 
@@ -28,7 +29,13 @@ from gridd.errors import Conflict, GriddError
 from gridd.grid import Grid
 from gridd.model import TaskStatus
 from gridd.runs.boxes import BoxError, BoxGone
-from gridd.runs.kubernetes import KubernetesEngine, exit_reason, job_manifest, k8s_name
+from gridd.runs.kubernetes import (
+    KubernetesEngine,
+    exit_reason,
+    job_manifest,
+    k8s_name,
+    quota_refusal,
+)
 from gridd.runs.remote import RemoteExecutor
 from gridd.settings import KubernetesSettings
 from gridd.specs import PlanSpec, SessionStart, normalise_plan
@@ -616,3 +623,109 @@ def test_a_box_gone_carries_the_reason_the_cluster_gives(cluster: FakeCluster) -
         engine.exec("grid-ab12-r-4", ["poll", "0", "0", "10"])
     assert gone.value.reason == "oom_killed"
     engine.remove("grid-ab12-r-4")
+
+
+# -- a cancel before the pod runs, a quota that refuses the pod ------------------------------
+
+
+async def test_a_cancel_while_the_pod_is_pending_deletes_the_job_at_once(
+    repo: Path, cluster: FakeCluster
+) -> None:
+    """The pod is never scheduled (kept Pending); the run's start would wait for it up to
+    ``start_timeout_seconds`` (here 600 s). A cancel meanwhile deletes the Job with its pod
+    at once and the run ends stopped, the task cancelled; the pod, released afterwards,
+    cannot start anything: it went with its Job."""
+    cluster.hold_pods()
+    cfg = config(reader=agent_command("read_line.py"))
+    settings = {"start_timeout_seconds": 600}
+    try:
+        async with inprocess_daemon(
+            repo, cfg, executor=executor(repo, cluster, **settings)
+        ) as daemon:
+            grid: Grid = daemon.grid
+            start_tasks(grid, {"id": "parked", "title": "never scheduled"})
+            await until(lambda: cluster.pods(), what="the Job's pod, Pending")
+            [pod] = cluster.pods().values()
+            assert pod["status"]["phase"] == "Pending"
+            [agent] = grid.state.agents.values()
+            await grid.commands.cancel_task("parked")
+            # Well within the start's 600 s: no waiting for a timeout.
+            await until(lambda: cluster.jobs() == {}, timeout=20, what="the Job deleted")
+            deletes = [r for r in cluster.requests() if r[0] == "DELETE"]
+            assert [d[2].get("propagationPolicy") for d in deletes] == ["Background"]
+            await until(lambda: cluster.pods() == {}, timeout=20, what="its pod deleted")
+            await until(
+                lambda: grid.state.agents[agent.id].ended_at is not None,
+                timeout=20,
+                what="the run ended",
+            )
+            [stopped] = events(grid, "agent.stopped")
+            assert stopped["agentId"] == agent.id
+            assert stopped["reason"] == "cancelled by user"
+            assert stopped["committedWork"] is False
+            assert events(grid, "task.start_failed") == []
+            assert events(grid, "agent.spawned") == []
+            assert grid.state.tasks["parked"].status == TaskStatus.CANCELLED
+            cluster.release_held()
+            assert cluster.pods() == {} and cluster.jobs() == {}
+            assert not list(cluster.base.glob("*/.ready"))  # no run was ever put in
+            assert len([r for r in cluster.requests() if r[0] == "POST"]) == 1
+    finally:
+        kill_workspace_agents(repo)
+
+
+QUOTA = (
+    "exceeded quota: grid-quota, requested: limits.memory=2Gi, used: limits.memory=4Gi,"
+    " limited: limits.memory=4Gi"
+)
+
+
+async def test_a_quota_that_refuses_the_pod_is_not_started_yet_and_the_job_goes(
+    repo: Path, cluster: FakeCluster
+) -> None:
+    """The quota admits the Job but refuses its pod (the Job controller's ``FailedCreate``
+    Event, no pod): not a start timeout but a quota refusal, read from the Job's Events
+    long before ``start_timeout_seconds`` (600 s here); the Job is deleted (it would make
+    the pod once the quota has room) and the task waits, no attempt spent, then starts."""
+    cluster.refuse_pods_for_quota(QUOTA)
+    cfg = config(reader=agent_command("read_line.py"))
+    settings = {"start_timeout_seconds": 600}
+    try:
+        async with inprocess_daemon(
+            repo, cfg, executor=executor(repo, cluster, **settings)
+        ) as daemon:
+            grid: Grid = daemon.grid
+            start_tasks(grid, {"id": "later", "title": "waits for the quota"})
+            await until(lambda: events(grid, "task.start_failed"), what="the refusal recorded")
+            cluster.refuse_pods_for_quota(None)
+            [refused] = events(grid, "task.start_failed")[:1]
+            assert refused["counted"] is False
+            assert "exceeded quota" in str(refused["error"]), refused
+            assert "pod" in str(refused["error"])
+            lists = [r for r in cluster.requests() if r[1].endswith("/events")]
+            assert lists and lists[0][2].get("fieldSelector", "").startswith(
+                "involvedObject.name=grid-"
+            ), lists
+            first_job = cluster.created()[0]["metadata"]["name"]
+            assert ("DELETE", first_job) in {
+                (r[0], r[1].rsplit("/", 1)[-1]) for r in cluster.requests()
+            }
+            await first_line(grid, "ready for a line", what="the run started once the quota let it")
+            task = grid.state.tasks["later"]
+            assert task.attempts == 1  # the refused start spent no attempt
+            assert events(grid, "agent.failed") == []
+            assert first_job not in cluster.jobs()
+    finally:
+        kill_workspace_agents(repo)
+
+
+def test_a_quota_refusal_is_read_from_the_job_controllers_event() -> None:
+    refused = {
+        "involvedObject": {"kind": "Job", "name": "grid-ab12-r-1"},
+        "reason": "FailedCreate",
+        "message": f'Error creating: pods "grid-ab12-r-1-x" is forbidden: {QUOTA}',
+    }
+    other = {**refused, "involvedObject": {"kind": "Job", "name": "grid-ab12-r-2"}}
+    no_node = {**refused, "reason": "FailedScheduling", "message": "0/3 nodes are available"}
+    assert quota_refusal([no_node, other, refused], "grid-ab12-r-1") == refused["message"]
+    assert quota_refusal([no_node, other], "grid-ab12-r-1") is None

@@ -51,6 +51,9 @@ class FullOnce:
     def reattach(self, agent: Agent) -> AgentHandle:
         return self.inner.reattach(agent)
 
+    def abandon_start(self, run_dir: Path) -> None:
+        self.inner.abandon_start(run_dir)
+
     def fence(self, run_dir: Path) -> bool:
         return self.inner.fence(run_dir)
 

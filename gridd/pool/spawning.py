@@ -34,7 +34,7 @@ from gridd.pool.monitoring import Monitor
 from gridd.pool.prompts import continuation_prompt, feedback_prompt, render_command
 from gridd.pool.rundirs import new_run
 from gridd.runs.egress import proxy_env
-from gridd.runs.executor import Launch
+from gridd.runs.executor import Launch, StartAbandoned
 from gridd.runs.sandbox import sandbox_for
 from gridd.runs.watch import RunWatch
 
@@ -384,6 +384,10 @@ class Spawner:
         except (GriddError, OSError) as exc:
             self.ctx.egress.close(agent_id)
             await self._give_back(worktree.path)
+            if isinstance(exc, StartAbandoned) and self._stopped_first(
+                agent_id, counted=not continuing
+            ):
+                return
             message = exc.message if isinstance(exc, GriddError) else describe(exc)
             move_agent(
                 self.ctx.state,
@@ -444,6 +448,40 @@ class Spawner:
                 reason = f"could not send the agent its prompt: {message}"
                 self.ctx.bus.publish("agent.warning", {"agentId": agent_id, "warning": reason})
                 self.monitor.stopper.request_stop(agent_id, reason, force=True)
+
+    def _stopped_first(self, agent_id: str, *, counted: bool) -> bool:
+        """A stop (a cancel, a stop, a kill) came while the agent was starting, and the
+        executor gave its start up (``Executor.abandon_start``): the run never started, so
+        it is settled as stopped (``agent.stopped``), its attempt and session not spent, and
+        its task stays where that request put it. False when the task still wants a run
+        (the stop was for a timeout): then it is a start that failed, as any other."""
+        agent = self.ctx.state.agents[agent_id]
+        task = self.ctx.state.tasks.get(agent.task_id)
+        if task is not None and task.status == TaskStatus.WORKING and agent.intent is None:
+            return False
+        reason = agent.stop_reason or (task.status_reason if task else None) or "stopped"
+        move_agent(
+            self.ctx.state,
+            agent_id,
+            AgentStatus.EXITED,
+            reason="stopped before it started",
+            ended_at=utcnow(),
+            stop_reason=reason,
+        )
+        if task is not None:
+            taken_back = {"attempts": task.attempts - 1} if counted else {}
+            self.ctx.state.update_task(task.id, sessions=task.sessions - 1, **taken_back)
+        self.ctx.bus.publish(
+            "agent.stopped",
+            {
+                "agentId": agent_id,
+                "taskId": agent.task_id,
+                "reason": reason,
+                "exitCode": None,
+                "committedWork": False,
+            },
+        )
+        return True
 
     async def _give_back(self, path: Path) -> None:
         """The worktree a plain one again after a start that failed: nothing ran in the

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import signal
 import time
+from pathlib import Path
 
 from gridd.errors import StoreError
 from gridd.lifecycle import move_agent
@@ -35,7 +36,11 @@ class Stopper:
             return
         if agent_id not in ctx.roster.handles:
             # Its spawn is still in flight, or it has exited and is being finished: nothing
-            # to signal. What is wanted stays recorded; the next pass asks again.
+            # to signal. What is wanted stays recorded; the next pass asks again. A spawn
+            # in flight is given up if its run has not started (a pod still being
+            # scheduled): it then settles as stopped (``pool/spawning.py``).
+            if agent.status == AgentStatus.STARTING:
+                ctx.executor.abandon_start(Path(agent.run_dir))
             return
         stops = ctx.roster.stops
         if agent_id in stops and (stops[agent_id] or not force):

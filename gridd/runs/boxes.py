@@ -93,6 +93,11 @@ class Engine(Protocol):
     def remove(self, name: str) -> None:
         """Remove the box and all in it (nothing when it is not there)."""
 
+    def abandon(self, name: str) -> None:
+        """A stop came while ``create(name)`` may be in flight: if the box's run has not
+        started, ``create`` gives up, removes the box and raises ``StartAbandoned``. Never
+        blocks; nothing when no such create is under way."""
+
     def close(self) -> None:
         """Let go of what the engine holds open (a watch); the boxes go on."""
 
@@ -147,6 +152,9 @@ class DirectoryBoxes:
 
     def close(self) -> None:
         pass
+
+    def abandon(self, name: str) -> None:
+        """Nothing: creating a directory box does not wait for anything."""
 
     def where(self, name: str) -> dict[str, str]:
         return {"node": socket.gethostname()}

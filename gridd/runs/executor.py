@@ -25,8 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from gridd.errors import GriddError
 from gridd.model import Agent
 from gridd.runs.sandbox import Sandbox
+
+
+class StartAbandoned(GriddError):
+    """A spawn given up because a stop came first (``Executor.abandon_start``): the run
+    never started and never will (its box, if one was made, is removed)."""
+
+    code = "start_abandoned"
 
 
 @dataclass
@@ -120,6 +128,13 @@ class Executor(Protocol):
         """The handle of an agent started by an earlier daemon. When the record has no pid
         (that daemon died while spawning), the handle is the run's, if it started; its
         ``pid`` stays None when it did not (yet)."""
+
+    def abandon_start(self, run_dir: Path) -> None:
+        """A stop (a cancel) came while the run's ``spawn`` is in flight: give the spawn up
+        if the run has not started (``spawn`` then raises ``StartAbandoned``, its box
+        removed); a run already started is stopped as any other, through the handle its
+        ``spawn`` returns. Called on the event loop, at each scheduler pass until the spawn
+        ends: it never blocks, and asking twice is asking once."""
 
     def fence(self, run_dir: Path) -> bool:
         """Make sure a run that has not started never will: True when it is fenced (the

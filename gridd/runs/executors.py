@@ -118,6 +118,12 @@ class RoutedExecutor:
             return await self.local.spawn(launch)
         return await self._built(launch.executor).spawn(launch)
 
+    def abandon_start(self, run_dir: Path) -> None:
+        # Every engine built (a run's engine is built before its spawn begins): only the one
+        # whose spawn of ``run_dir`` is in flight acts on it.
+        for remote in self.remotes.values():
+            remote.abandon_start(run_dir)
+
     def reattach(self, agent: Agent) -> AgentHandle:
         return self._of(Path(agent.run_dir)).reattach(agent)
 

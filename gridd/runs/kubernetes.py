@@ -5,7 +5,14 @@ that needs the cluster, so a daemon whose runs are all elsewhere never loads it.
 
 - **The claim** is creating the Job under the run's name: the API server answers 409 when
   the name is taken, so a run never has two copies. A 403 that names a quota is
-  ``QuotaExceeded``: the run has not started, which is not a failure.
+  ``QuotaExceeded``: the run has not started, which is not a failure. So is a Job admitted
+  whose pod the quota refuses (the Job controller's ``FailedCreate`` Event, no pod): read
+  from the Job's Events, once when no pod has appeared ``QUOTA_LOOK_SECONDS`` after the
+  create and once more at ``start_timeout_seconds``; the Job is deleted either way, so
+  that it cannot start the run later, once the quota has room.
+- **A stop while the pod is not yet running** (``abandon``: a cancel while it is being
+  scheduled or its image pulled) wakes the start's wait at once: the Job is deleted (its
+  pod with it) and the start raises ``StartAbandoned``.
 - **The caps hold without the daemon**: ``activeDeadlineSeconds``, CPU and memory requests
   equal to their limits, ``ttlSecondsAfterFinished``, ``backoffLimit: 0`` (gridd owns
   retries), no service-account token in the pod, secrets only by reference, an optional
@@ -31,11 +38,12 @@ import re
 import tarfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gridd.errors import Conflict, GriddError
 from gridd.runs.boxes import BOXSHIM, BoxError, BoxGone, BoxInfo
+from gridd.runs.executor import StartAbandoned
 from gridd.runs.podwatch import PodWatch
 from gridd.settings import KubernetesSettings
 
@@ -48,6 +56,9 @@ BOX_LABEL = "grid.box"
 WORKSPACE_LABEL = "grid.workspace"
 #: One exec (a look, an answer, the result bundle) may take at most this long.
 EXEC_TIMEOUT = 120.0
+#: A Job with no pod at all this long after its create: its Events are read once (a quota
+#: that refused the pod). A pod merely waiting for a node or its image is there, Pending.
+QUOTA_LOOK_SECONDS = 5.0
 
 #: The pod's main process until the daemon has put the run in: then it becomes the shim.
 BOOT = """\
@@ -240,6 +251,9 @@ class KubernetesEngine:
         self._nodes: dict[str, str] = {}  # box -> its pod's node, once scheduled
         self._watch: PodWatch | None = None  # the workspace's pods: one watch, at first use
         self._watch_lock = threading.Lock()
+        self._starting: set[str] = set()  # boxes whose create is under way
+        self._abandoned: set[str] = set()  # of those, the ones a stop gave up
+        self._starts_lock = threading.Lock()
         #: API requests made, by verb (the benchmark's count).
         self.requests: dict[str, int] = {}
 
@@ -267,8 +281,6 @@ class KubernetesEngine:
     ) -> None:
         """The Job, with the profile's ``options`` (``[agents.<name>.kubernetes]``) over
         ``[executors.kubernetes]``."""
-        from lightkube import codecs
-
         settings = self.settings.model_copy(update=dict(options or {}))
         if not settings.image:
             raise GriddError(
@@ -277,6 +289,26 @@ class KubernetesEngine:
                 code="config_invalid",
             )
         manifest = job_manifest(settings, box=name, labels=labels)
+        with self._starts_lock:
+            self._starting.add(name)
+        try:
+            self._create(name, manifest, labels=labels, files=files)
+        finally:
+            with self._starts_lock:
+                self._starting.discard(name)
+                self._abandoned.discard(name)
+
+    def _create(
+        self,
+        name: str,
+        manifest: dict[str, Any],
+        *,
+        labels: Mapping[str, str],
+        files: dict[str, bytes],
+    ) -> None:
+        from lightkube import codecs
+
+        self._check_abandoned(name)
         try:
             self._count("create")
             client = self.client()  # first: it makes the models ready (_prepare_models)
@@ -295,9 +327,29 @@ class KubernetesEngine:
             )
             if answer.strip() != b"ok":
                 raise BoxError(f"box {name}: the run was not taken in ({answer[-200:]!r})")
+            # A stop during the put-in: the agent is not seen to run yet; it goes with its Job.
+            self._check_abandoned(name)
         except GriddError:
             self.remove(name)
             raise
+
+    def abandon(self, name: str) -> None:
+        """A stop came while the box may be starting: a create under way gives up at once
+        (its wait for the pod is woken), deletes the Job and raises ``StartAbandoned``."""
+        with self._starts_lock:
+            if name not in self._starting:
+                return  # not (or no longer) being created: nothing to give up
+            self._abandoned.add(name)
+        watch = self._watch
+        if watch is not None:
+            watch.wake()
+
+    def _check_abandoned(self, name: str) -> None:
+        if name in self._abandoned:
+            raise StartAbandoned(
+                f"box {name}: its start was given up (stopped before its pod ran the agent)",
+                details={"box": name},
+            )
 
     def pod_watch(self, labels: Mapping[str, str]) -> PodWatch:
         """The one watch on the workspace's pods (by its label, from the first box's)."""
@@ -319,9 +371,25 @@ class KubernetesEngine:
 
     def _wait_running(self, name: str, labels: Mapping[str, str]) -> str:
         """The box's pod, once it runs (the scheduler placed it and the image is pulled):
-        told by the workspace's watch, no request of its own."""
+        told by the workspace's watch, no request of its own. ``StartAbandoned`` when a
+        stop comes first; ``QuotaExceeded`` when no pod came because the quota refused it
+        (its Job's Events, read when no pod has appeared ``QUOTA_LOOK_SECONDS`` after the
+        create, and at the deadline)."""
         timeout = self.settings.start_timeout_seconds
-        pod = self.pod_watch(labels).wait(k8s_name(name), _started, timeout)
+        watch, box = self.pod_watch(labels), k8s_name(name)
+        end = time.monotonic() + timeout
+
+        def stop() -> bool:
+            return name in self._abandoned
+
+        pod = watch.wait(box, _any, min(QUOTA_LOOK_SECONDS, timeout), stop=stop)
+        self._check_abandoned(name)
+        if pod is None:
+            self._check_quota(name)
+        pod = watch.wait(box, _started, max(end - time.monotonic(), 0.0), stop=stop)
+        self._check_abandoned(name)
+        if pod is None and timeout > QUOTA_LOOK_SECONDS:
+            self._check_quota(name)
         phase = ((pod or {}).get("status") or {}).get("phase")
         if phase == "Running":
             assert pod is not None
@@ -335,6 +403,28 @@ class KubernetesEngine:
         raise BoxError(
             f"the pod of box {name} did not run within {timeout:g}s ({phase or 'no pod yet'})"
         )
+
+    def _check_quota(self, name: str) -> None:
+        """``QuotaExceeded`` when the Job controller was refused the Job's pod by a quota
+        (a ``FailedCreate`` Event on the Job saying so): one list of the Job's Events."""
+        from lightkube.resources.core_v1 import Event
+
+        job = k8s_name(name)
+        self._count("list")
+        try:
+            items = self.client().list(
+                Event, namespace=self.settings.namespace, fields={"involvedObject.name": job}
+            )
+            events = [_as_dict(item) for item in items]
+        except Exception as exc:  # a courtesy: the start waits on as before
+            log.warning("could not read the Events of the Job of box %s: %r", name, exc)
+            return
+        refusal = quota_refusal(events, job)
+        if refusal is not None:
+            raise QuotaExceeded(
+                f"the namespace's quota refused the run's pod (not started): {refusal}",
+                details={"box": name},
+            )
 
     def _list(self, kind: str, labels: dict[str, str]) -> list[dict[str, Any]]:
         """Objects of ``kind`` (``Pod``, ``Job``) carrying ``labels``, found by the server's
@@ -463,6 +553,7 @@ class KubernetesEngine:
         from lightkube.types import CascadeType
 
         self._pods.pop(name, None)
+        self._nodes.pop(name, None)
         try:
             self._count("delete")
             self.client().delete(
@@ -476,6 +567,24 @@ class KubernetesEngine:
             answer = api_status(exc)
             if answer is None or answer[0] != 404:
                 raise BoxError(f"could not delete the Job of box {name}: {exc!r}") from None
+
+
+def quota_refusal(events: Sequence[Mapping[str, Any]], job: str) -> str | None:
+    """What the Job controller was told when a quota refused the pod of ``job`` (PURE): the
+    message of a ``FailedCreate`` Event on the Job that names a quota, or None."""
+    for event in events:
+        involved = event.get("involvedObject") or {}
+        if involved.get("name") != job or involved.get("kind", "Job") != "Job":
+            continue  # the selector is the server's to apply; a test double may not
+        message = str(event.get("message") or "")
+        if event.get("reason") == "FailedCreate" and "exceeded quota" in message.lower():
+            return message
+    return None
+
+
+def _any(pod: Mapping[str, Any]) -> bool:
+    """Any pod at all: the Job controller made one."""
+    return True
 
 
 def _started(pod: Mapping[str, Any]) -> bool:
@@ -546,7 +655,7 @@ def _prepare_models() -> None:
         from lightkube.models import meta_v1
         from lightkube.resources import batch_v1, core_v1
 
-        for resource in (batch_v1.Job, core_v1.Pod):
+        for resource in (batch_v1.Job, core_v1.Pod, core_v1.Event):
             msgspec.json.Decoder(resource)
             decoders.decode_list(b'{"items": []}', resource)  # its list model, made once
         msgspec.json.Decoder(meta_v1.Status)

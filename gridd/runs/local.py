@@ -105,6 +105,10 @@ class LocalExecutor:
             shim_create_time=agent.shim_create_time,
         )
 
+    def abandon_start(self, run_dir: Path) -> None:
+        """Nothing: a local spawn ends within ``spawn_timeout_seconds``, and its agent is
+        stopped through its handle then."""
+
     def fence(self, run_dir: Path) -> bool:
         """Take the run's ``claim`` before any shim does (then none will start it), or find
         that its shim took it first."""

@@ -193,6 +193,10 @@ class PodmanEngine:
     def close(self) -> None:
         pass
 
+    def abandon(self, name: str) -> None:
+        """Nothing: a container's create waits for no scheduler; a run it started is
+        stopped through its handle."""
+
     def where(self, name: str) -> dict[str, str]:
         """The container is the box; its node is this machine."""
         return {"node": socket.gethostname()}

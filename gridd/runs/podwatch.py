@@ -55,16 +55,28 @@ class PodWatch:
             self._closed = True
             self._changed.notify_all()
 
-    def wait(self, box: str, done: Callable[[dict[str, Any]], bool], timeout: float) -> Any:
+    def wake(self) -> None:
+        """Every wait looks again at once (its ``stop`` may hold now)."""
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait(
+        self,
+        box: str,
+        done: Callable[[dict[str, Any]], bool],
+        timeout: float,
+        *,
+        stop: Callable[[], bool] = lambda: False,
+    ) -> Any:
         """The pod of ``box`` once ``done(pod)`` holds, or the last seen (None: none yet)
-        when ``timeout`` passes first."""
+        when ``timeout`` passes first, or ``stop()`` holds when woken (``wake``)."""
         self.start()
         deadline = time.monotonic() + timeout
         with self._changed:
             while True:
                 pod = self._pods.get(box)
                 left = deadline - time.monotonic()
-                if (pod is not None and done(pod)) or left <= 0 or self._closed:
+                if (pod is not None and done(pod)) or left <= 0 or self._closed or stop():
                     return pod
                 self._changed.wait(left)
 

@@ -374,6 +374,10 @@ class RemoteExecutor:
             self.mirrors.pop(mirror.run_dir, None)
         self.engine.remove(mirror.box)
 
+    def abandon_start(self, run_dir: Path) -> None:
+        """The engine gives up creating the run's box (``Engine.abandon``)."""
+        self.engine.abandon(box_name(self.workspace, run_dir))
+
     def reattach(self, agent: Agent) -> AgentHandle:
         run_dir = Path(agent.run_dir)
         try:

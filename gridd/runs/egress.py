@@ -29,6 +29,7 @@ fail, and the restarted daemon opens the proxy of each live run again on the por
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import socket
 import time
@@ -212,7 +213,12 @@ async def _read_head(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> tu
 
 async def _connect(loop: asyncio.AbstractEventLoop, host: str, port: int) -> socket.socket:
     """A socket connected to ``host:port`` (each of its addresses in turn)."""
-    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    infos: list[tuple[Any, ...]]
+    try:  # an address needs no lookup (in the loop's executor, a thread's round trip)
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+        infos = [(family, socket.SOCK_STREAM, 0, "", (host, port))]
+    except ValueError:
+        infos = list(await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM))
     error: OSError = OSError(f"{host} has no address")
     for family, kind, proto, _, address in infos:
         sock = socket.socket(family, kind, proto)

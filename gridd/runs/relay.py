@@ -63,10 +63,18 @@ class SpliceRelay:
         client, server = self.sockets
         for sock in self.sockets:
             sock.setblocking(True)
-        for way, (src, dst) in (("up", (client, server)), ("down", (server, client))):
-            threading.Thread(
+        ways = [("up", client, server), ("down", server, client)]
+        for started, (way, src, dst) in enumerate(ways):
+            thread = threading.Thread(
                 target=self._way, args=(src, dst, loop), name=f"{self.name}:{way}", daemon=True
-            ).start()
+            )
+            try:
+                thread.start()
+            except RuntimeError:  # no thread to be had: end what started
+                self.abort()
+                for _ in range(len(ways) - started):
+                    self._way_done(loop)
+                raise
         try:
             await asyncio.shield(over)
         except asyncio.CancelledError:

@@ -134,15 +134,16 @@ def _become_subreaper() -> bool:
 
 
 def _preload() -> None:
-    """Import ``ctypes`` (for ``_become_subreaper``), ``landlock`` and ``seccomp`` (for a
-    sandboxed run) ahead of need: a shim server before it forks any shim, a spare shim while it waits for
-    its run. A first import of a module off the standard library's path costs ~2 ms (each
-    path entry's directory is listed), on the spawn's clock when done after the fork."""
+    """Import ``ctypes`` (for ``_become_subreaper``), ``landlock`` with what it calls the
+    kernel with (``landlock.prepare``) and ``seccomp`` (for a sandboxed run) ahead of need:
+    a shim server before it forks any shim, a spare shim while it waits for its run. A
+    first import of a module off the standard library's path costs ~1-2 ms (each path
+    entry's directory is listed), on the spawn's clock when done after the fork."""
     if sys.platform.startswith("linux"):
         try:
             import ctypes  # noqa: F401
 
-            _sandboxing("landlock")
+            _sandboxing("landlock").prepare()
             _sandboxing("seccomp")
         except ImportError:
             pass
@@ -318,6 +319,35 @@ def _sandboxing(name: str):  # type: ignore[no-untyped-def]  # (no typing import
     return __import__(name)
 
 
+def _loaded(name: str):  # type: ignore[no-untyped-def]
+    """The sandbox module ``name`` if this process loaded it (``_preload``), else None."""
+    return sys.modules.get(f"gridd.runs.{name}" if __package__ else name)
+
+
+def _take_spare(sandbox: object):  # type: ignore[no-untyped-def]
+    """The spare ruleset the shim server made for a run with this ``sandbox`` (inherited
+    through the fork; ``landlock.Spare``), if any: the others are closed here."""
+    landlock = _loaded("landlock")
+    if landlock is None:
+        return None
+    return landlock.take_spare(sandbox if isinstance(sandbox, dict) else {})
+
+
+def _spare_taken(run_dir: str) -> None:
+    """In the shim server, once it forked a run's shim: which spare ruleset that shim took
+    (its copy here is closed), so that another is made for the next run of its kind."""
+    landlock = _loaded("landlock")
+    if landlock is None:
+        return
+    try:
+        with open(os.path.join(run_dir, "spec.marshal"), "rb") as fh:
+            sandbox = marshal.load(fh).get("sandbox")
+    except (OSError, ValueError, EOFError, TypeError, AttributeError):
+        return
+    if isinstance(sandbox, dict):
+        landlock.spare_taken(sandbox)
+
+
 def _spawn(spec: dict[str, object], stdin: int, out: int) -> int:
     """fork + exec in a new session; an exec failure comes back as ``ExecFailed``. A run
     with a ``sandbox`` is bound to it in the child, just before ``exec``: a kernel that
@@ -328,6 +358,7 @@ def _spawn(spec: dict[str, object], stdin: int, out: int) -> int:
     env = {str(k): str(v) for k, v in spec["env"].items()}  # type: ignore[attr-defined]
     sandbox = spec.get("sandbox")
     landlock = seccomp = None
+    spare = _take_spare(sandbox)
     if sandbox and sys.platform == "darwin":
         argv = _sandboxing("seatbelt").command(sandbox, argv)
     elif sandbox:
@@ -345,10 +376,11 @@ def _spawn(spec: dict[str, object], stdin: int, out: int) -> int:
             os.dup2(stdin, 0)
             os.dup2(out, 1)
             os.dup2(out, 2)
-            os.closerange(3, err_w)
-            os.closerange(err_w + 1, 1 << 16)
+            kept = sorted({err_w, spare.ruleset.fd if spare is not None else err_w})
+            for low, high in zip([2, *kept], [*kept, 1 << 16], strict=True):
+                os.closerange(low + 1, high)
             if landlock is not None:
-                landlock.enforce(sandbox)
+                landlock.enforce(sandbox, spare)
                 if seccomp is not None and (why := seccomp.close_datagrams()) is not None:
                     raise landlock.SandboxUnavailable(errno.ENOSYS, why)
             try:
@@ -361,6 +393,8 @@ def _spawn(spec: dict[str, object], stdin: int, out: int) -> int:
         finally:
             os._exit(127)
     os.close(err_w)
+    if spare is not None:
+        spare.close()  # the child's now
     failure = b""
     while chunk := os.read(err_r, 4096):
         failure += chunk
@@ -611,10 +645,17 @@ def _serve(control_fd: int) -> int:
     import socket  # once per daemon, not per agent
 
     _preload()
+    landlock = _loaded("landlock")
     control = socket.socket(fileno=control_fd)
     while True:
+        # Spare rulesets (``landlock.Spare``) are made when no run is arriving, and dropped
+        # once too old to serve.
+        control.settimeout(landlock.spares_due() if landlock is not None else None)
         try:
             msg, fds, _flags, _addr = socket.recv_fds(control, 4096, 4)
+        except TimeoutError:
+            landlock.tend_spares()
+            continue
         except InterruptedError:
             continue
         except OSError:
@@ -645,6 +686,7 @@ def _serve(control_fd: int) -> int:
         if ready is not None:
             os.close(ready)
         os.waitpid(pid, 0)
+        _spare_taken(msg.decode(errors="replace").strip())
 
 
 def _fd_option(options: list[str], name: str) -> int | None:

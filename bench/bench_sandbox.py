@@ -3,7 +3,9 @@
 One real daemon serves a fresh repository with profiles running the same trivial agent
 (``bench_spawn.TRIVIAL_AGENT``: one file written in its worktree): ``open`` (no sandbox),
 ``boxed`` (``[agents.boxed.sandbox] mode = "workspace"``: Landlock applied by the shim's
-child before ``exec``, after planning the rules down the hidden paths' ancestors) and, where
+child before ``exec``, with a rule per entry of each directory on the hidden paths' ancestor
+chains: the spare ruleset the shim server made after the previous such run, checked against
+those directories, or one built from nothing when there is none or it is stale) and, where
 Landlock has TCP rules (ABI 4), ``fenced`` (the same with ``network = "allowlist"``: its
 filtering proxy opened by the daemon, its port in the ruleset). Spawns go round the
 profiles, one at a time, each left to complete before the next: the clock
@@ -202,6 +204,7 @@ def run(quick: bool) -> dict[str, Any]:
         f" {median(steps['clone']) * 1000:.1f} ms), reclaimed in"
         f" {median(steps['reclaim_commit']) * 1000:.1f} ms with a commit to fetch",
         notes="spawns go round the profiles, one at a time, each run left to complete; the"
-        " first of each is a warm-up and not counted. A sandboxed spawn makes the run's own"
+        " first of each is a warm-up and not counted (for a sandboxed profile, the one run"
+        " that finds no spare ruleset: landlock.Spare). A sandboxed spawn makes the run's own"
         " repository (git/private.py); its steps are timed alone in-process",
     )

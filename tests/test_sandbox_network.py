@@ -410,3 +410,38 @@ def test_a_run_holds_at_most_its_share_of_proxy_connections() -> None:
     refused, answered = asyncio.run(scenario())
     assert refused.startswith(b"HTTP/1.1 503 "), refused
     assert answered.startswith(b"HTTP/1.1 403 "), answered
+
+
+def test_the_proxy_answers_an_oversized_head_400_and_drops_a_slow_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A head past ``HEAD_LIMIT`` is answered 400; one that does not end within the
+    timeout (here 0.5 s) is dropped unanswered; neither reaches anything."""
+    monkeypatch.setattr(egress, "TIMEOUT_SECONDS", 0.5)
+
+    def ask(port: int, head: bytes) -> bytes:
+        """What the proxy answers before it closes (a reset after its answer included:
+        it closes with the rest of a head too long unread)."""
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(head)
+            got = b""
+            try:
+                while data := sock.recv(65536):
+                    got += data
+            except ConnectionResetError:
+                pass
+            return got
+
+    async def scenario() -> tuple[bytes, bytes]:
+        proxies = egress.EgressProxies(lambda *denied: None)
+        port = await proxies.open("run", ["example.invalid"])
+        long = b"CONNECT example.invalid:443 HTTP/1.1\r\nx: " + b"y" * egress.HEAD_LIMIT
+        too_long = await asyncio.to_thread(ask, port, long)
+        slow = await asyncio.to_thread(ask, port, b"CONNECT example.invalid:443 HTTP/1.1\r\n")
+        proxies.close_all()
+        return too_long, slow
+
+    too_long, slow = asyncio.run(scenario())
+    assert too_long.startswith(b"HTTP/1.1 400 "), too_long
+    assert b"too long" in too_long, too_long
+    assert slow == b""

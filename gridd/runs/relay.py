@@ -93,24 +93,12 @@ class SpliceRelay:
 
     def _way(self, src: socket.socket, dst: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
         """One way, until EOF (passed on as a half-close) or an error (ending both)."""
-        read, write = os.pipe2(os.O_CLOEXEC)
-        moved, big, asked = 0, False, False
-        try:  # a splice moves at most what the pipe holds: ask for the most it could
-            while n := os.splice(src.fileno(), write, BIG_PIPE):
-                moved += n
-                while n:
-                    n -= os.splice(read, dst.fileno(), n)
-                if moved > GROW_AFTER and not asked:  # the pipe is empty here: may resize
-                    asked = True
-                    big = _big_pipes.acquire(blocking=False) and _grow(write)
+        try:
+            _splice(src, dst)
             dst.shutdown(socket.SHUT_WR)
         except OSError:
             self.abort()
         finally:
-            os.close(read)
-            os.close(write)
-            if big:
-                _big_pipes.release()
             self._way_done(loop)
 
     def _way_done(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -129,6 +117,25 @@ class SpliceRelay:
     def _finish(self) -> None:
         if self._over is not None and not self._over.done():
             self._over.set_result(None)
+
+
+def _splice(src: socket.socket, dst: socket.socket) -> None:
+    """What ``src`` sends, to ``dst`` through a pipe of this way's own, until its EOF."""
+    read, write = os.pipe2(os.O_CLOEXEC)
+    moved, big, asked = 0, False, False
+    try:  # a splice moves at most what the pipe holds: ask for the most it could
+        while n := os.splice(src.fileno(), write, BIG_PIPE):
+            moved += n
+            while n:
+                n -= os.splice(read, dst.fileno(), n)
+            if moved > GROW_AFTER and not asked:  # the pipe is empty here: it may resize
+                asked = True
+                big = _big_pipes.acquire(blocking=False) and _grow(write)
+    finally:
+        os.close(read)
+        os.close(write)
+        if big:
+            _big_pipes.release()
 
 
 def _grow(pipe: int) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -134,15 +135,38 @@ def test_a_spare_ruleset_allows_and_refuses_what_one_built_at_the_spawn_does(box
     assert spared == {**EXPECTED, "made-since.txt": "ok"}
 
 
+def _aged(box: Path) -> None:
+    """Let ``box``'s change time fall further behind than ``UNCHANGED_MARGIN_NS``, so that a
+    spare made now may vouch for its entries by that time alone (and must notice it move)."""
+    margin = landlock.UNCHANGED_MARGIN_NS / 1e9
+    while time.time() - box.stat().st_ctime <= margin:
+        time.sleep(margin / 4)
+
+
+def test_a_spare_for_directories_unchanged_since_serves_without_listing_them_again(
+    box: Path,
+) -> None:
+    _aged(box)
+    sandbox = _sandbox(box)
+    key = landlock.spare_key(sandbox)
+    assert key is not None
+    spare = landlock.Spare(key)
+    assert spare.listing[str(box)][3] == box.stat().st_ctime_ns  # it vouches for the entries
+    assert _tries(sandbox, [box / r for r in READS], spare=spare) == EXPECTED
+
+
 def test_an_entry_renamed_to_a_hidden_path_after_the_spare_was_made_stays_hidden(
     box: Path,
 ) -> None:
     """The spare's rule names ``decoy``'s inode; renamed to the hidden ``vault`` and given a
-    secret, it must not be readable through that rule: the check sees ``decoy`` gone."""
+    secret, it must not be readable through that rule: the check sees the directory's
+    change time move, lists it again and finds ``decoy`` gone."""
+    _aged(box)
     sandbox = _sandbox(box, "vault")
     key = landlock.spare_key(sandbox)
     assert key is not None
     spare = landlock.Spare(key)
+    assert spare.listing[str(box)][3] != -1
     (box / "decoy").rename(box / "vault")
     (box / "vault" / "key").write_text("KEY\n")
     seen = _tries(sandbox, [box / "vault" / "key", box / "pub" / "file.txt"], spare=spare)

@@ -329,27 +329,37 @@ class _Ruleset:
         visited: list[str],
     ) -> None:
         visited.append(directory)
-        had: dict[str, tuple[int, int]] = {}
-        dev = -1
-        if listing is not None or known is not None:
-            st = os.fstat(dir_fd)
-            dev = st.st_dev
-            if known is not None:
-                was = known.get(directory)
-                if was is None or was[:2] != (st.st_dev, st.st_ino):
-                    raise _Stale(directory)
-                had = was[2]
-        seen: dict[str, tuple[int, int]] = {}
-        if listing is not None:
-            listing[directory] = (dev, st.st_ino, seen)
-        if known is None:
-            self.add(dir_fd, READ_DIR & self.handled, directory)
         prefix = directory.rstrip("/") + "/"
         below = [h[len(prefix) :] for h in hidden if h.startswith(prefix)]
         # Only the names a hidden path goes through are looked at; every other entry of a
         # directory such as /tmp is granted from its directory entry's type alone.
         hide = {b for b in below if "/" not in b}
         walk = {b.partition("/")[0] for b in below if "/" in b} - hide
+        had: dict[str, tuple[int, int]] = {}
+        dev = -1
+        if listing is not None or known is not None:
+            started = time.time_ns()
+            st = os.fstat(dir_fd)
+            dev = st.st_dev
+            if known is not None:
+                was = known.get(directory)
+                if was is None or was[:2] != (st.st_dev, st.st_ino):
+                    raise _Stale(directory)
+                if was[3] == st.st_ctime_ns:  # no entry added, removed or renamed since
+                    for name in walk:
+                        self._below(dir_fd, prefix + name, hidden, listing, known, visited)
+                    return
+                had = was[2]
+        seen: dict[str, tuple[int, int]] = {}
+        if listing is not None:
+            # The directory's change time, kept only if it is older than the listing by
+            # more than the kernel's timestamp granularity: then any entry added, removed
+            # or renamed later stamps a later one, and a check that finds the same time
+            # knows the listing still holds without listing again.
+            ctime = st.st_ctime_ns if st.st_ctime_ns < started - UNCHANGED_MARGIN_NS else -1
+            listing[directory] = (dev, st.st_ino, seen, ctime)
+        if known is None:
+            self.add(dir_fd, READ_DIR & self.handled, directory)
         read = READ & self.handled
         read_file = READ & FILE_RIGHTS & self.handled
         kernel = self.kernel
@@ -363,16 +373,7 @@ class _Ruleset:
                 if name in hide:
                     continue
                 if name in walk:  # an ancestor of a hidden path: its other entries readable
-                    try:
-                        below_fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-                    except OSError:
-                        if known is not None and prefix + name in known:
-                            raise _Stale(prefix + name) from None
-                        continue  # gone, or a link by now: nothing beneath it is granted
-                    try:
-                        self._walk(below_fd, prefix + name, hidden, listing, known, visited)
-                    finally:
-                        os.close(below_fd)
+                    self._below(dir_fd, prefix + name, hidden, listing, known, visited)
                     continue
                 old = had.get(name)
                 if old is not None:  # a spare's rule names it: still the same inode?
@@ -405,6 +406,27 @@ class _Ruleset:
         if matched != len(had):
             raise _Stale(directory)  # an entry a rule names has gone (or moved away)
 
+    def _below(
+        self,
+        dir_fd: int,
+        path: str,
+        hidden: list[str],
+        listing: Listing | None,
+        known: Listing | None,
+        visited: list[str],
+    ) -> None:
+        """Walk the directory ``path``, an entry of the one open as ``dir_fd``."""
+        try:
+            fd = os.open(path.rpartition("/")[2], _DIR_FLAGS, dir_fd=dir_fd)
+        except OSError:
+            if known is not None and path in known:
+                raise _Stale(path) from None
+            return  # gone, or a link by now: nothing beneath it is granted
+        try:
+            self._walk(fd, path, hidden, listing, known, visited)
+        finally:
+            os.close(fd)
+
     def allow_port(self, port: int) -> None:
         kernel = self.kernel
         net = kernel.port_type(NET_CONNECT_TCP, port)
@@ -420,8 +442,13 @@ class _Ruleset:
 
 
 #: What a directory on a hidden path's ancestor chain held when a spare ruleset was made:
-#: its path -> (device, inode, {entry name: (device, inode) of the inode its rule names}).
-Listing = dict[str, tuple[int, int, dict[str, tuple[int, int]]]]
+#: its path -> (device, inode, {entry name: (device, inode) of the inode its rule names},
+#: its change time if that can vouch for the entries, else -1).
+Listing = dict[str, tuple[int, int, dict[str, tuple[int, int]], int]]
+#: More than a tick of the coarse clock the kernel stamps a directory's change time with
+#: (4-10 ms at HZ 250-100): a directory changed within this long before a spare listed it
+#: is listed again at the check, whatever its change time says.
+UNCHANGED_MARGIN_NS = 100_000_000
 #: How long a spare ruleset may wait for its run: the inodes its rules name stay referenced
 #: meanwhile (a deleted file's space is freed once no ruleset names it), and the older it
 #: is, the likelier its check finds a directory changed and the run builds its own.

@@ -445,3 +445,46 @@ def test_the_proxy_answers_an_oversized_head_400_and_drops_a_slow_one(
     assert too_long.startswith(b"HTTP/1.1 400 "), too_long
     assert b"too long" in too_long, too_long
     assert slow == b""
+
+
+def test_a_stopping_daemon_ends_an_agents_open_tunnel_and_does_not_wait_on_it(
+    repo: Path,
+) -> None:
+    """An agent holds a quiet tunnel through its proxy (the relay waiting to read both
+    ways); the daemon told to stop exits as usual, and the server sees the tunnel end."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = int(server.getsockname()[1])
+    probe = "\n".join(
+        [
+            "import os,socket,time",
+            "from urllib.parse import urlsplit",
+            "p=urlsplit(os.environ['HTTPS_PROXY'])",
+            "s=socket.create_connection((p.hostname,p.port),timeout=5)",
+            f"s.sendall(b'CONNECT 127.0.0.1:{port} HTTP/1.1\\r\\n\\r\\n')",
+            "print('tunnel', s.recv(100).split(b'\\r\\n')[0].decode(), flush=True)",
+            "time.sleep(600)",
+        ]
+    )
+    box = {"mode": "workspace", "network": "allowlist", "allow_hosts": [f"127.0.0.1:{port}"]}
+    write_core_config(
+        repo,
+        agents={"boxed": {"command": ["python3", "-c", probe], "sandbox": box}},
+        scheduler={"default_agent": "boxed"},
+    )
+    try:
+        with core_daemon(repo) as daemon:
+            c = daemon.client()
+            c.post("/tasks", {"id": "net", "title": "a quiet tunnel", "maxAttempts": 1})
+            c.post("/session/start", {"maxAgents": 1})
+            server.settimeout(30)
+            upstream, _ = server.accept()  # the proxy reached the server for the agent
+            agent = wait_for(lambda: [a for a in c.get("/agents") if a["pid"]], timeout=30)[0]
+            log = Path(agent["runDir"]) / "output.log"
+            wait_for(lambda: "tunnel" in log.read_text(), timeout=30, message="the tunnel")
+            assert daemon.stop(timeout=15) == 0
+            upstream.settimeout(10)
+            assert upstream.recv(1) == b""  # the tunnel ended with the daemon
+            upstream.close()
+        assert "tunnel HTTP/1.1 200 Connection established" in log.read_text()
+    finally:
+        server.close()

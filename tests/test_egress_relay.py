@@ -135,7 +135,12 @@ def _open_fds() -> dict[str, str]:
 
 
 def _relay_threads() -> list[str]:
+    """The threads relaying a connection now (named for their run and way)."""
     return [t.name for t in threading.enumerate() if t.name.startswith("egress:")]
+
+
+def _threads() -> set[int | None]:
+    return {t.ident for t in threading.enumerate()}
 
 
 @pytest.fixture(params=RELAYS)
@@ -232,11 +237,13 @@ def test_a_spliced_tunnel_flows_while_the_event_loop_is_busy() -> None:
 
 @pytest.mark.parametrize("busy", [True, False], ids=["mid-transfer", "quiet"])
 def test_closing_a_runs_proxy_ends_its_tunnels_and_frees_their_fds_and_threads(
-    proxy: ProxyLoop, busy: bool
+    proxy: ProxyLoop, busy: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Mid-transfer (the server sending without end faster than the agent reads) or quiet
     (both ends silent: the relay waiting to read), closing the run's proxy ends the tunnel:
-    both ends see it end, and no descriptor or thread of it is left."""
+    both ends see it end, and no descriptor or thread of it is left (the relay's threads,
+    kept a while for the next connection, end once idle: here after 0.2 s)."""
+    monkeypatch.setattr(relay, "IDLE_SECONDS", 0.2)
 
     def flood(conn: socket.socket) -> None:
         chunk = b"x" * MB
@@ -246,7 +253,7 @@ def test_closing_a_runs_proxy_ends_its_tunnels_and_frees_their_fds_and_threads(
 
     server = Upstream(flood)
     try:
-        fds_before = _open_fds()
+        fds_before, threads_before = _open_fds(), _threads()
         port = proxy.open("run", [f"127.0.0.1:{server.port}"])
         agent = _tunnel(port, server.port)
         wait_for(lambda: server.connections, message="the tunnel to reach the server")
@@ -262,7 +269,8 @@ def test_closing_a_runs_proxy_ends_its_tunnels_and_frees_their_fds_and_threads(
         except ConnectionResetError:
             pass
         agent.close()
-        wait_for(lambda: not _relay_threads(), timeout=10, message="the relay's threads to end")
+        wait_for(lambda: not _relay_threads(), timeout=10, message="the relay's ways to end")
+        wait_for(lambda: _threads() <= threads_before, timeout=10, message="its threads to end")
         # The listener, both sockets of the tunnel and the relay's pipes; the server's end.
         wait_for(lambda: _open_fds() == fds_before, timeout=10, message="descriptors to close")
         with pytest.raises(ConnectionRefusedError):

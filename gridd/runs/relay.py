@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import functools
 import os
+import queue
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from typing import cast
 
 #: Whether this platform has ``splice(2)`` (``os.splice``: Linux, Python 3.10+).
@@ -42,8 +45,50 @@ GROW_AFTER = 4 * 1024 * 1024
 BIG_PIPES = 16
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _big_pipes = threading.BoundedSemaphore(BIG_PIPES)
+#: How long a relay thread without work waits for more before it ends.
+IDLE_SECONDS = 30.0
 #: Bytes read at once by ``StreamRelay``'s ends.
 BUFFER = 256 * 1024
+
+
+class _Workers:
+    """The threads the splice relays' ways run in, kept a while once idle: starting a
+    thread makes its starter (the event loop) wait until it runs, ~0.2 ms; an idle one
+    takes the next way at once. One without work for ``IDLE_SECONDS`` ends."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._jobs: queue.SimpleQueue[tuple[str, Callable[[], None]]] = queue.SimpleQueue()
+
+    def run(self, name: str, job: Callable[[], None]) -> None:
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+                self._jobs.put((name, job))
+                return
+        threading.Thread(target=self._work, args=(name, job), name=name, daemon=True).start()
+
+    def _work(self, name: str, job: Callable[[], None]) -> None:
+        me = threading.current_thread()
+        while True:
+            me.name = name
+            job()
+            me.name = "relay:idle"
+            with self._lock:
+                self._idle += 1
+            while True:
+                try:
+                    name, job = self._jobs.get(timeout=IDLE_SECONDS)
+                    break
+                except queue.Empty:
+                    with self._lock:  # a job handed out is in the queue under the lock
+                        if self._jobs.empty():
+                            self._idle -= 1
+                            return
+
+
+_workers = _Workers()
 
 
 class SpliceRelay:
@@ -65,11 +110,8 @@ class SpliceRelay:
             sock.setblocking(True)
         ways = [("up", client, server), ("down", server, client)]
         for started, (way, src, dst) in enumerate(ways):
-            thread = threading.Thread(
-                target=self._way, args=(src, dst, loop), name=f"{self.name}:{way}", daemon=True
-            )
             try:
-                thread.start()
+                _workers.run(f"{self.name}:{way}", functools.partial(self._way, src, dst, loop))
             except RuntimeError:  # no thread to be had: end what started
                 self.abort()
                 for _ in range(len(ways) - started):

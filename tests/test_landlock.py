@@ -12,13 +12,14 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from gridd.runs import landlock
+from gridd.runs import landlock, shim
 
 pytestmark = pytest.mark.skipif(landlock.abi_version() < 1, reason="this kernel offers no Landlock")
 
@@ -220,3 +221,49 @@ def test_the_shim_server_makes_a_spare_for_the_kind_of_run_it_just_handed_off(bo
     assert spare is not None and spare.key == landlock.spare_key(boxed)
     assert landlock.spares_due() is None  # a run's shim keeps none but its own
     assert _tries(boxed, [box / r for r in READS], spare=spare) == EXPECTED
+
+
+AGENT = """
+import errno, json, os
+seen = {}
+for name in ("secret/key", "pub/file.txt"):
+    try:
+        open(os.path.join(BOX, name), "rb").close()
+        seen[name] = "ok"
+    except OSError as exc:
+        seen[name] = errno.errorcode[exc.errno]
+seen["fds"] = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+print(json.dumps(seen))
+"""
+
+
+def test_the_shim_hands_the_servers_spare_to_the_agent_and_leaks_no_descriptor(
+    box: Path, tmp_path: Path
+) -> None:
+    """What a shim forked by the server does: it takes the spare made for its run's kind
+    (inherited through the fork), keeps its descriptor through the child's closing of all
+    others, and the agent runs bound by it, holding nothing but its stdio."""
+    sandbox = _sandbox(box)
+    landlock.spare_taken(sandbox)  # the server, as it hands a run of this kind off
+    landlock.tend_spares()
+    assert landlock.spares_due() is not None  # one is ready
+    log = tmp_path / "output.log"
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    stdin = os.open(os.devnull, os.O_RDONLY)
+    script = f"BOX = {str(box)!r}\n{AGENT}"
+    spec: dict[str, object] = {
+        "argv": [sys.executable, "-I", "-S", "-c", script],
+        "cwd": str(box / "work"),
+        "env": {"PATH": os.defpath},
+        "sandbox": sandbox,
+    }
+    try:
+        pid = shim._spawn(spec, stdin, out)
+    finally:
+        os.close(out)
+        os.close(stdin)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, log.read_text()
+    assert landlock.spares_due() is None  # the run took it
+    seen = json.loads(log.read_text())
+    assert seen == {"secret/key": "EACCES", "pub/file.txt": "ok", "fds": [0, 1, 2, 3]}

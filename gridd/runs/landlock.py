@@ -12,9 +12,14 @@ Landlock is an allow-list: every file-system right this kernel knows (its ABI) i
 except beneath the paths a rule names. "Readable except the hidden paths" is therefore
 granted entry by entry: read on every entry of ``/`` that holds no hidden path, and, for an
 entry that does, on each of its own entries, down the hidden paths' ancestor chains
-(``plan``). The ancestors themselves get only ``READ_DIR``: names inside a hidden directory
-can be listed, its files cannot be read. A symbolic link is never followed while planning:
-a rule is on an inode, and access through a link is checked at the link's target.
+(``_Ruleset.readable``). The ancestors themselves get only ``READ_DIR``: names inside a
+hidden directory can be listed, its files cannot be read. Each entry is opened relative to
+its directory's descriptor, never through a symbolic link, and its rule added at once: a
+rule is on an inode, and access through a link is checked at the link's target.
+
+Those rules cost a system call or two per entry (hundreds when the workspace sits in
+``/tmp``), so the shim server makes them ahead for the next run of the same kind
+(``Spare``), and that run's child checks them against the directories before it uses them.
 
 The network (ABI 4): a run whose ``network`` is ``none`` or ``allowlist`` may neither bind
 a TCP port nor connect to one, except (``allowlist``) to the port of its own filtering

@@ -94,6 +94,8 @@ class Cluster(kmock.KubernetesEmulator):  # type: ignore[misc]
         #: While set, a Job's pod is refused by the namespace's quota (this message), as
         #: the Job controller is: no pod, a ``FailedCreate`` Event on the Job.
         self.pod_quota: str | None = None
+        #: The next Job create is carried out but its answer lost (the connection dropped).
+        self.lose_answer = False
 
     async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
         raw = request._raw_request
@@ -116,6 +118,9 @@ class Cluster(kmock.KubernetesEmulator):  # type: ignore[misc]
         if plural == "jobs" and raw.method == "POST" and response.status < 300:
             self.created.append(request.data)
             await self._start_pod(request.data)
+            if self.lose_answer:
+                self.lose_answer = False
+                raw.transport.close()  # made, and no answer: as a timeout after the write
         return response
 
     # -- the kubelet -------------------------------------------------------------------
@@ -423,6 +428,11 @@ class FakeCluster:
         namespace's quota: a ``FailedCreate`` Event with ``message`` on the Job, no pod."""
         assert self.cluster is not None
         self.cluster.pod_quota = message
+
+    def lose_next_answer(self) -> None:
+        """The next Job create is carried out, but the client never hears the answer."""
+        assert self.cluster is not None
+        self.cluster.lose_answer = True
 
     def only_v4(self) -> None:
         assert self.cluster is not None

@@ -248,6 +248,19 @@ def test_a_quota_denial_on_create_is_its_own_error(cluster: FakeCluster) -> None
     assert cluster.jobs() == {}
 
 
+def test_a_job_whose_create_went_unanswered_is_deleted(cluster: FakeCluster) -> None:
+    """The API server made the Job but its answer was lost (a read timed out under load):
+    the start fails, and the Job it may have made is deleted rather than left with a pod
+    waiting for a run that is never put in."""
+    engine = KubernetesEngine(k8s_settings(cluster))
+    cluster.lose_next_answer()
+    with pytest.raises(BoxError) as failed:
+        engine.create("grid-ab12-r-6", labels={"grid.run": "r-6"}, files={})
+    assert "could not create the Job" in failed.value.message
+    assert [r[0] for r in cluster.requests() if "/jobs" in r[1]] == ["POST", "DELETE"]
+    assert cluster.jobs() == {} and cluster.pods() == {}
+
+
 def test_an_exec_server_without_the_v5_protocol_is_refused_with_what_to_do(
     cluster: FakeCluster,
 ) -> None:

@@ -315,7 +315,8 @@ class KubernetesEngine:
             client.create(codecs.from_dict(manifest), namespace=self.settings.namespace)
         except Exception as exc:
             refusal = api_status(exc)
-            if refusal is None:  # the cluster unreachable: nothing was created
+            if refusal is None:  # no answer: unreachable, or made and the answer lost
+                self._remove_unanswered(name)
                 raise BoxError(f"could not create the Job of box {name}: {exc!r}") from exc
             raise _create_error(*refusal, name) from None
         try:
@@ -332,6 +333,15 @@ class KubernetesEngine:
         except GriddError:
             self.remove(name)
             raise
+
+    def _remove_unanswered(self, name: str) -> None:
+        """A create that got no answer (a read timed out) may still have made the Job: it is
+        deleted, or its pod would wait ``start_timeout_seconds`` for a run never put in and
+        the Job hold its share of the quota until ``ttl_seconds``."""
+        try:
+            self.remove(name)
+        except BoxError as exc:
+            log.warning("the Job of box %s may be left (its create went unanswered): %s", name, exc)
 
     def abandon(self, name: str) -> None:
         """A stop came while the box may be starting: a create under way gives up at once

@@ -205,6 +205,6 @@ def run(quick: bool) -> dict[str, Any]:
         f" {median(steps['reclaim_commit']) * 1000:.1f} ms with a commit to fetch",
         notes="spawns go round the profiles, one at a time, each run left to complete; the"
         " first of each is a warm-up and not counted (for a sandboxed profile, the one run"
-        " that finds no spare ruleset: landlock.Spare). A sandboxed spawn makes the run's own"
+        " that finds no spare ruleset: landlock_rules.Spare). A sandboxed spawn makes the run's own"
         " repository (git/private.py); its steps are timed alone in-process",
     )

@@ -1,5 +1,5 @@
-"""The Landlock ruleset a run gets (``runs/landlock.py``), built from nothing or from a spare
-the shim server made ahead (``landlock.Spare``): the same reads refused and allowed either
+"""The Landlock ruleset a run gets (``runs/landlock_rules.py``), built from nothing or from a
+spare the shim server made ahead (``Spare``): the same reads refused and allowed either
 way, and a spare that no longer matches its directories is never used, whatever was swapped
 in between: an entry made a hidden path, or replaced by a symbolic link to one.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gridd.runs import landlock, shim
+from gridd.runs import landlock, landlock_rules, shim
 
 pytestmark = pytest.mark.skipif(landlock.abi_version() < 1, reason="this kernel offers no Landlock")
 
@@ -40,7 +40,7 @@ def box(tmp_path: Path) -> Iterator[Path]:
         (root / name).write_text(text)
     (root / "work").mkdir()
     yield Path(os.path.realpath(root))
-    landlock.take_spare({})  # whatever a test left in the module's spares
+    landlock_rules.take_spare({})  # whatever a test left in the module's spares
 
 
 def _sandbox(box: Path, *hidden: str) -> dict[str, object]:
@@ -56,7 +56,7 @@ def _tries(
     sandbox: dict[str, object],
     reads: list[Path],
     *,
-    spare: landlock.Spare | None = None,
+    spare: landlock_rules.Spare | None = None,
     between: Callable[[], None] | None = None,
 ) -> dict[str, str]:
     """In a forked child: ``enforce`` (with ``spare``), then, after ``between`` ran here,
@@ -70,9 +70,9 @@ def _tries(
             os.close(go_w)
             os.close(out_r)
             if spare is None:
-                landlock.enforce(sandbox)
+                landlock_rules.enforce(sandbox)
             else:
-                landlock.enforce(sandbox, spare)
+                landlock_rules.enforce(sandbox, spare)
             os.write(out_w, b"enforced\n")
             os.read(go_r, 1)
             seen: dict[str, str] = {}
@@ -127,9 +127,9 @@ def test_a_spare_ruleset_allows_and_refuses_what_one_built_at_the_spawn_does(box
     sandbox = _sandbox(box)
     reads = [box / r for r in READS]
     built = _tries(sandbox, reads)
-    key = landlock.spare_key(sandbox)
+    key = landlock_rules.spare_key(sandbox)
     assert key is not None
-    spare = landlock.Spare(key)
+    spare = landlock_rules.Spare(key)
     (box / "made-since.txt").write_text("new\n")  # after the spare: added by its check
     spared = _tries(sandbox, [*reads, box / "made-since.txt"], spare=spare)
     assert built == EXPECTED
@@ -139,7 +139,7 @@ def test_a_spare_ruleset_allows_and_refuses_what_one_built_at_the_spawn_does(box
 def _aged(box: Path) -> None:
     """Let ``box``'s change time fall further behind than ``UNCHANGED_MARGIN_NS``, so that a
     spare made now may vouch for its entries by that time alone (and must notice it move)."""
-    margin = landlock.UNCHANGED_MARGIN_NS / 1e9
+    margin = landlock_rules.UNCHANGED_MARGIN_NS / 1e9
     while time.time() - box.stat().st_ctime <= margin:
         time.sleep(margin / 4)
 
@@ -149,9 +149,9 @@ def test_a_spare_for_directories_unchanged_since_serves_without_listing_them_aga
 ) -> None:
     _aged(box)
     sandbox = _sandbox(box)
-    key = landlock.spare_key(sandbox)
+    key = landlock_rules.spare_key(sandbox)
     assert key is not None
-    spare = landlock.Spare(key)
+    spare = landlock_rules.Spare(key)
     assert spare.listing[str(box)][3] == box.stat().st_ctime_ns  # it vouches for the entries
     assert _tries(sandbox, [box / r for r in READS], spare=spare) == EXPECTED
 
@@ -164,9 +164,9 @@ def test_an_entry_renamed_to_a_hidden_path_after_the_spare_was_made_stays_hidden
     change time move, lists it again and finds ``decoy`` gone."""
     _aged(box)
     sandbox = _sandbox(box, "vault")
-    key = landlock.spare_key(sandbox)
+    key = landlock_rules.spare_key(sandbox)
     assert key is not None
-    spare = landlock.Spare(key)
+    spare = landlock_rules.Spare(key)
     assert spare.listing[str(box)][3] != -1
     (box / "decoy").rename(box / "vault")
     (box / "vault" / "key").write_text("KEY\n")
@@ -179,9 +179,9 @@ def test_an_entry_replaced_by_a_link_to_a_hidden_path_after_the_spare_grants_not
     box: Path,
 ) -> None:
     sandbox = _sandbox(box)
-    key = landlock.spare_key(sandbox)
+    key = landlock_rules.spare_key(sandbox)
     assert key is not None
-    spare = landlock.Spare(key)
+    spare = landlock_rules.Spare(key)
     (box / "pub" / "file.txt").unlink()
     (box / "pub").rmdir()
     (box / "pub").symlink_to(box / "secret")
@@ -207,19 +207,19 @@ def test_a_hidden_path_made_after_the_sandbox_was_applied_is_unreadable(box: Pat
 def test_the_shim_server_makes_a_spare_for_the_kind_of_run_it_just_handed_off(box: Path) -> None:
     boxed = _sandbox(box)
     fenced = {**boxed, "network": "allowlist"}
-    assert landlock.spares_due() is None
-    landlock.spare_taken(boxed)  # a run of this sandbox was forked: one is owed
-    assert landlock.spares_due() == landlock.SPARE_QUIET_SECONDS
-    landlock.tend_spares()
-    due = landlock.spares_due()
-    assert due is not None and due > landlock.SPARE_SECONDS - 5
+    assert landlock_rules.spares_due() is None
+    landlock_rules.spare_taken(boxed)  # a run of this sandbox was forked: one is owed
+    assert landlock_rules.spares_due() == landlock_rules.SPARE_QUIET_SECONDS
+    landlock_rules.tend_spares()
+    due = landlock_rules.spares_due()
+    assert due is not None and due > landlock_rules.SPARE_SECONDS - 5
     if landlock.abi_version() >= landlock.NET_ABI:  # its own key: it handles TCP rights
-        assert landlock.take_spare(fenced) is None
-        landlock.spare_taken(boxed)
-        landlock.tend_spares()
-    spare = landlock.take_spare(boxed)
-    assert spare is not None and spare.key == landlock.spare_key(boxed)
-    assert landlock.spares_due() is None  # a run's shim keeps none but its own
+        assert landlock_rules.take_spare(fenced) is None
+        landlock_rules.spare_taken(boxed)
+        landlock_rules.tend_spares()
+    spare = landlock_rules.take_spare(boxed)
+    assert spare is not None and spare.key == landlock_rules.spare_key(boxed)
+    assert landlock_rules.spares_due() is None  # a run's shim keeps none but its own
     assert _tries(boxed, [box / r for r in READS], spare=spare) == EXPECTED
 
 
@@ -244,9 +244,9 @@ def test_the_shim_hands_the_servers_spare_to_the_agent_and_leaks_no_descriptor(
     (inherited through the fork), keeps its descriptor through the child's closing of all
     others, and the agent runs bound by it, holding nothing but its stdio."""
     sandbox = _sandbox(box)
-    landlock.spare_taken(sandbox)  # the server, as it hands a run of this kind off
-    landlock.tend_spares()
-    assert landlock.spares_due() is not None  # one is ready
+    landlock_rules.spare_taken(sandbox)  # the server, as it hands a run of this kind off
+    landlock_rules.tend_spares()
+    assert landlock_rules.spares_due() is not None  # one is ready
     log = tmp_path / "output.log"
     out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     stdin = os.open(os.devnull, os.O_RDONLY)
@@ -264,6 +264,6 @@ def test_the_shim_hands_the_servers_spare_to_the_agent_and_leaks_no_descriptor(
         os.close(stdin)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, log.read_text()
-    assert landlock.spares_due() is None  # the run took it
+    assert landlock_rules.spares_due() is None  # the run took it
     seen = json.loads(log.read_text())
     assert seen == {"secret/key": "EACCES", "pub/file.txt": "ok", "fds": [0, 1, 2, 3]}

@@ -204,7 +204,7 @@ class AgentProcess:
         one that already holds a run's spec is refused (``FileExistsError``), not reused.
         ``grid_dir``: the workspace's ``.grid/``; should it be deleted or replaced, the shim
         stops the agent ``orphan_grace`` seconds later (``shim.WorkspaceWatch``).
-        ``sandbox``: what the shim binds the agent to before ``exec`` (``landlock.enforce``)."""
+        ``sandbox``: what the shim binds the agent to before ``exec`` (``landlock_rules.enforce``)."""
         run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         spec: dict[str, object] = {"argv": argv, "cwd": str(cwd), "env": env, "stdin": stdin}
         if grid_dir is not None:

@@ -2,7 +2,7 @@
 
 The policy is decided here, in the daemon, when a run is spawned (``sandbox_for``); the
 kernel enforces it: the shim's child applies it with Landlock just before ``exec``
-(``runs/landlock.py``), so it binds the agent and everything it starts, whatever the
+(``runs/landlock_rules.py``), so it binds the agent and everything it starts, whatever the
 daemon does later (a restart leaves a running agent's sandbox exactly as it was).
 
 - ``workspace``: the agent writes its own worktree, a private ``TMPDIR`` (``tmp/`` in its

@@ -135,7 +135,8 @@ def _become_subreaper() -> bool:
 
 def _preload() -> None:
     """Import ``ctypes`` (for ``_become_subreaper``), ``landlock`` with what it calls the
-    kernel with (``landlock.prepare``) and ``seccomp`` (for a sandboxed run) ahead of need:
+    kernel with (``landlock.prepare``), ``landlock_rules`` and ``seccomp`` (for a sandboxed
+    run) ahead of need:
     a shim server before it forks any shim, a spare shim while it waits for its run. A
     first import of a module off the standard library's path costs ~1-2 ms (each path
     entry's directory is listed), on the spawn's clock when done after the fork."""
@@ -144,6 +145,7 @@ def _preload() -> None:
             import ctypes  # noqa: F401
 
             _sandboxing("landlock").prepare()
+            _sandboxing("landlock_rules")
             _sandboxing("seccomp")
         except ImportError:
             pass
@@ -306,7 +308,8 @@ def exec_failure(command: str, exc: OSError, *, search_path: str) -> str:
 
 
 def _sandboxing(name: str):  # type: ignore[no-untyped-def]  # (no typing import at start-up)
-    """A sandbox module beside us (``landlock.py`` on Linux, ``seatbelt.py`` on macOS;
+    """A sandbox module beside us (``landlock.py`` and ``landlock_rules.py`` on Linux,
+    ``seatbelt.py`` on macOS;
     stdlib-only like the shim), loaded for a sandboxed run (``landlock`` ahead of need,
     by ``_preload``): as ``gridd.runs.<name>``
     when we are imported, from our own directory when we run as a script (``-I -S``:
@@ -326,18 +329,18 @@ def _loaded(name: str):  # type: ignore[no-untyped-def]
 
 def _take_spare(sandbox: object):  # type: ignore[no-untyped-def]
     """The spare ruleset the shim server made for a run with this ``sandbox`` (inherited
-    through the fork; ``landlock.Spare``), if any: the others are closed here."""
-    landlock = _loaded("landlock")
-    if landlock is None:
+    through the fork; ``landlock_rules.Spare``), if any: the others are closed here."""
+    rules = _loaded("landlock_rules")
+    if rules is None:
         return None
-    return landlock.take_spare(sandbox if isinstance(sandbox, dict) else {})
+    return rules.take_spare(sandbox if isinstance(sandbox, dict) else {})
 
 
 def _spare_taken(run_dir: str) -> None:
     """In the shim server, once it forked a run's shim: which spare ruleset that shim took
     (its copy here is closed), so that another is made for the next run of its kind."""
-    landlock = _loaded("landlock")
-    if landlock is None:
+    rules = _loaded("landlock_rules")
+    if rules is None:
         return
     try:
         with open(os.path.join(run_dir, "spec.marshal"), "rb") as fh:
@@ -345,7 +348,7 @@ def _spare_taken(run_dir: str) -> None:
     except (OSError, ValueError, EOFError, TypeError, AttributeError):
         return
     if isinstance(sandbox, dict):
-        landlock.spare_taken(sandbox)
+        rules.spare_taken(sandbox)
 
 
 def _spawn(spec: dict[str, object], stdin: int, out: int) -> int:
@@ -357,12 +360,12 @@ def _spawn(spec: dict[str, object], stdin: int, out: int) -> int:
     argv = [str(a) for a in spec["argv"]]  # type: ignore[attr-defined]
     env = {str(k): str(v) for k, v in spec["env"].items()}  # type: ignore[attr-defined]
     sandbox = spec.get("sandbox")
-    landlock = seccomp = None
+    rules = seccomp = None
     spare = _take_spare(sandbox)
     if sandbox and sys.platform == "darwin":
         argv = _sandboxing("seatbelt").command(sandbox, argv)
     elif sandbox:
-        landlock = _sandboxing("landlock")
+        rules = _sandboxing("landlock_rules")
         if sandbox.get("network", "allow") != "allow":  # type: ignore[attr-defined]
             seccomp = _sandboxing("seccomp")  # UDP, raw sockets, io_uring: not Landlock's
     err_r, err_w = os.pipe()
@@ -379,10 +382,10 @@ def _spawn(spec: dict[str, object], stdin: int, out: int) -> int:
             kept = sorted({err_w, spare.ruleset.fd if spare is not None else err_w})
             for low, high in zip([2, *kept], [*kept, 1 << 16], strict=True):
                 os.closerange(low + 1, high)
-            if landlock is not None:
-                landlock.enforce(sandbox, spare)
+            if rules is not None:
+                rules.enforce(sandbox, spare)
                 if seccomp is not None and (why := seccomp.close_datagrams()) is not None:
-                    raise landlock.SandboxUnavailable(errno.ENOSYS, why)
+                    raise _sandboxing("landlock").SandboxUnavailable(errno.ENOSYS, why)
             try:
                 os.execvpe(argv[0], argv, env)
             except OSError as exc:
@@ -645,16 +648,16 @@ def _serve(control_fd: int) -> int:
     import socket  # once per daemon, not per agent
 
     _preload()
-    landlock = _loaded("landlock")
+    rules = _loaded("landlock_rules")
     control = socket.socket(fileno=control_fd)
     while True:
-        # Spare rulesets (``landlock.Spare``) are made when no run is arriving, and dropped
-        # once too old to serve.
-        control.settimeout(landlock.spares_due() if landlock is not None else None)
+        # Spare rulesets (``landlock_rules.Spare``) are made when no run is arriving, and
+        # dropped once too old to serve.
+        control.settimeout(rules.spares_due() if rules is not None else None)
         try:
             msg, fds, _flags, _addr = socket.recv_fds(control, 4096, 4)
         except TimeoutError:
-            landlock.tend_spares()
+            rules.tend_spares()
             continue
         except InterruptedError:
             continue

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from gridd.errors import GriddError
+from gridd.errors import GriddError, StoreError
 from gridd.events import EventBus
 from gridd.faults import crash_point
 from gridd.git.integrity import merge_head, own_worktree
@@ -104,6 +104,7 @@ class Finisher:
             self.state.touch()  # the task may take an agent again
 
     async def _finish(self, agent: Agent, status: ExitStatus, run: RunWatch) -> None:
+        handle = self.roster.handles.get(agent.id)
         self.roster.release(agent.id)
         task = self.state.tasks.get(agent.task_id)
         if task is None:
@@ -127,6 +128,13 @@ class Finisher:
             except Exception as exc:  # not CancelledError: a stopping daemon leaves it to the next
                 error = exc
                 break
+        if isinstance(error, StoreError) and handle is not None:
+            # The state database refused the outcome (a full or read-only disk): the run
+            # goes back to its monitor, which finishes it again once writes work, as a
+            # restarted daemon would from exit.json. Nothing is spent or parked on it.
+            self.roster.handles[agent.id] = handle
+            self.roster.runs[agent.id] = run
+            raise error
         self._unrecorded(agent, status, run, error)
 
     async def _disowned(

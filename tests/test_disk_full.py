@@ -271,6 +271,80 @@ async def test_agent_watcher_survives_a_state_database_that_cannot_be_written(
         assert f"{task.id} last tick" in text
 
 
+async def test_an_agent_whose_start_the_full_disk_would_not_record_is_watched_to_review(
+    repo: Path, tmp_path: Path
+) -> None:
+    """The disk fills between the agent's process starting and its ``running`` record (the
+    store refuses every write from then, as a full disk does): the start is not taken for a
+    failure, the run is watched all the same, and once writes work again its exit is
+    recorded and its work reaches review, on its one attempt, with no second run."""
+    from typing import cast
+
+    from gridd.errors import StoreError
+    from gridd.grid import Grid
+    from gridd.store import Store
+
+    control = tmp_path / "control"
+    control.mkdir()
+    config = {
+        "scheduler": {**FAST_SCHEDULER, "default_agent": "ticker"},
+        "agents": {"ticker": {"command": agent_command("ticker.py", str(control), "0.02")}},
+    }
+    real = {name: getattr(Store, name) for name in ("append_event", "save_agent")}
+    full = False
+
+    def refusing(name: str):  # type: ignore[no-untyped-def]
+        def write(self: Store, *args: object, **kwargs: object) -> object:
+            if full:
+                raise StoreError("the disk holding the state database is full", code="disk_full")
+            return real[name](self, *args, **kwargs)
+
+        return write
+
+    async with inprocess_daemon(repo, config) as d:
+        grid = cast(Grid, d.grid)
+        executor = grid.pool.executor
+        spawn = executor.spawn
+
+        async def spawn_then_fill(launch: object) -> object:
+            nonlocal full
+            handle = await spawn(launch)  # type: ignore[arg-type]
+            full = True  # the agent runs; nothing more can be written
+            return handle
+
+        executor.spawn = spawn_then_fill  # type: ignore[method-assign]
+        for name in real:
+            setattr(Store, name, refusing(name))
+        try:
+            task = grid.commands.create_tasks([TaskSpec(title="started as it filled")])[0]
+            grid.commands.start_task(task.id)
+            await until(lambda: full and (control / f"{task.id}.pid").exists(), timeout=30)
+            (control / f"{task.id}.go").touch()
+            await until(lambda: (control / f"{task.id}.done").exists(), timeout=30)
+            transport = httpx.AsyncHTTPTransport(uds=str(d.sock))
+            async with httpx.AsyncClient(transport=transport, base_url="http://gridd") as http:
+
+                async def paused() -> bool:  # its monitor met the refusing store
+                    health = (await http.get("/health")).json()
+                    return any("watching paused" in w for w in health["warnings"])
+
+                await until(paused, timeout=30, what="/health to say the watching paused")
+            assert grid.state.tasks[task.id].status == TaskStatus.WORKING
+            full = False
+        finally:
+            for name, method in real.items():
+                setattr(Store, name, method)
+        await until(
+            lambda: grid.state.tasks[task.id].status != TaskStatus.WORKING,
+            timeout=30,
+            what="the task to leave working",
+        )
+        assert grid.state.tasks[task.id].status == TaskStatus.REVIEW
+        assert grid.state.tasks[task.id].attempts == 1
+        runs = [a for a in grid.state.agents.values() if a.task_id == task.id]
+        assert len(runs) == 1, runs
+
+
 def _outputs(grid: object) -> int:
     return sum(1 for a in grid.state.agents.values() if a.output_seq)  # type: ignore[attr-defined]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from gridd.adapters.base import Adapter
 from gridd.adapters.registry import get_adapter
-from gridd.errors import GriddError
+from gridd.errors import GriddError, StoreError
 from gridd.faults import crash_point
 from gridd.git.prepared import PreparedWorktrees
 from gridd.git.private import PrivateRepos
@@ -409,29 +409,42 @@ class Spawner:
         self.ctx.roster.handles[agent_id] = handle
         self.ctx.roster.runs[agent_id] = RunWatch(run_dir, adapter)
         self.ctx.roster.started_mono[agent_id] = time.monotonic()
-        move_agent(
-            self.ctx.state,
-            agent_id,
-            AgentStatus.RUNNING,
-            reason="spawned",
-            pid=handle.pid,
-            create_time=handle.create_time,
-            shim_pid=handle.shim_pid,
-            shim_create_time=handle.shim_create_time,
-            **({"executor": {**agent.executor, **handle.where}} if agent.executor else {}),
-        )
-        self.ctx.bus.publish(
-            "agent.spawned",
-            {
-                "agentId": agent_id,
-                "taskId": task_id,
-                "worktree": str(worktree.path),
-                "pid": handle.pid,
-                "profile": profile_name,
-                "attempt": attempt,
-                "session": session_number,
-            },
-        )
+        try:
+            move_agent(
+                self.ctx.state,
+                agent_id,
+                AgentStatus.RUNNING,
+                reason="spawned",
+                pid=handle.pid,
+                create_time=handle.create_time,
+                shim_pid=handle.shim_pid,
+                shim_create_time=handle.shim_create_time,
+                **({"executor": {**agent.executor, **handle.where}} if agent.executor else {}),
+            )
+            self.ctx.bus.publish(
+                "agent.spawned",
+                {
+                    "agentId": agent_id,
+                    "taskId": task_id,
+                    "worktree": str(worktree.path),
+                    "pid": handle.pid,
+                    "profile": profile_name,
+                    "attempt": attempt,
+                    "session": session_number,
+                },
+            )
+        except StoreError as exc:
+            # Its process runs: it is watched whatever the disk says. Its record stays
+            # ``starting`` (a restart adopts such a run from its directory) until the
+            # monitor records its exit, once writes work again; the start is not failed.
+            self.ctx.disk.note(exc)
+            log.warning(
+                "agent %s of task %s runs, but its start could not be recorded (%s): it is"
+                " watched, and its exit will be",
+                agent_id,
+                task_id,
+                exc.message,
+            )
         self.ctx.state.touch()
         self.monitor.spawn(agent_id)
         if sandbox is not None and sandbox.mode == "workspace" and executor == "local":

@@ -123,6 +123,7 @@ def _volume(http: RawHTTP, sock: Path, pid: int, cluster: Any, runs: int) -> dic
         "seconds": seconds,
         "peak_live": tally.peak,
         "start_failures": len(tally.start_failures),
+        "start_failure_sample": [str(f.get("error"))[:200] for f in tally.start_failures[:3]],
     }
 
 
@@ -226,6 +227,7 @@ def run(quick: bool) -> dict[str, Any]:
             "volume_runs_per_second": round(volume / m["volume"]["seconds"], 2),
             "volume_peak_live": m["volume"]["peak_live"],
             "volume_start_failures": m["volume"]["start_failures"],
+            "volume_start_failure_sample": m["volume"]["start_failure_sample"],
             "daemon_cpu_ms_per_run": {
                 "kubernetes_volume": round(cpu_ms, 1),
                 "kubernetes_one_at_a_time": round(m["pod"]["cpu"] / runs * 1000, 1),

@@ -6,7 +6,7 @@ Debian image, ``runs/image.py``; the engine's own options: ``--runtime``, ``--ul
 written in its worktree, here the box's clone). Each spawn is timed from
 ``POST /tasks/{id}/start`` to that task's ``agent.spawned`` at an SSE client, as in
 ``bench_spawn``, and left to complete (the result branch fetched back, the container
-removed) before the next.
+removed: waited for) before the next.
 
 Baseline, in the same run and taking turns with the spawns: ``podman run --rm`` of the same
 image with the same options running ``python3 -c pass`` (what starting a container that runs
@@ -74,6 +74,16 @@ def _podman_calls(image: str, options: list[str], runs: int) -> dict[str, list[f
     return calls
 
 
+def _until_removed(task: str, timeout: float = 30.0) -> None:
+    """Until the task's container is gone (the mirror removes it after the run's end)."""
+    deadline = time.monotonic() + timeout
+    argv = ["podman", "ps", "--all", "--quiet", f"--filter=label=grid.task={task}"]
+    while subprocess.run(argv, capture_output=True, check=True).stdout.strip():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the container of {task} was not removed in {timeout:g}s")
+        time.sleep(0.05)
+
+
 def _measure(image: str, options: list[str], runs: int) -> dict[str, list[float]]:
     alone = ["podman", "run", "--rm", *options, image, "python3", "-c", "pass"]
     times: dict[str, list[float]] = {"gridd": [], "podman_run": []}
@@ -101,6 +111,7 @@ def _measure(image: str, options: list[str], runs: int) -> dict[str, list[float]
             _, done = tap.expect(of_task(task["id"]), timeout=60)
             if done.type != "agent.completed":
                 raise RuntimeError(f"{task['id']}: {done.type} {done.data}")
+            _until_removed(task["id"])  # never timed against a removal still under way
             if n:
                 times["podman_run"].append(took)
                 times["gridd"].append(arrived - started)

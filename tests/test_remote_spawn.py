@@ -133,6 +133,7 @@ async def test_a_restarted_daemon_reattaches_and_fences_a_boxed_run_off_the_even
                     profile="default",
                     worktree_path=str(repo),
                     run_dir=str(run_dir),
+                    executor={"kind": "directory", "box": remote["box"]},  # a box's, recorded
                 ),
             )
             asyncio.get_running_loop().call_soon(engine.loop_ran.set)

@@ -16,7 +16,9 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from gridd.adapters.registry import get_adapter
 from gridd.errors import GriddError
@@ -28,6 +30,7 @@ from gridd.runs.executor import AgentHandle
 from gridd.runs.watch import RunWatch
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: A supervisor that took a run says within this long that the agent runs (``agent.json``)
 #: or could not start (``exit.json``): the spawn timeout.
@@ -43,12 +46,10 @@ class Reattacher:
     async def reattach(self, agent: Agent) -> None:
         """Resume watching an agent started by an earlier daemon (its shim outlived us), or,
         if that daemon died before the agent started, start its task afresh (never both)."""
-        # In a thread: a box's engine answers over podman or a cluster's API, and the loop
-        # serves on meanwhile.
-        handle = await asyncio.to_thread(self.ctx.executor.reattach, agent)
+        handle = await self._ask(agent, self.ctx.executor.reattach, agent)
         if agent.pid is None and handle.pid is None and handle.exit_status() is None:
             # Recorded, not known to run: fence the run, or learn that its supervisor has it.
-            if await asyncio.to_thread(self.ctx.executor.fence, Path(agent.run_dir)):
+            if await self._ask(agent, self.ctx.executor.fence, Path(agent.run_dir)):
                 self._respawn(agent)
                 return
             handle = await self._settled(agent, handle)
@@ -119,8 +120,18 @@ class Reattacher:
             if time.monotonic() > deadline:
                 break
             await asyncio.sleep(SETTLE_POLL_SECONDS)
-            handle = await asyncio.to_thread(self.ctx.executor.reattach, agent)
+            handle = await self._ask(agent, self.ctx.executor.reattach, agent)
         return handle
+
+    async def _ask(self, agent: Agent, call: Callable[..., T], *args: Any) -> T:
+        """``call(*args)`` of the executor about ``agent``'s run. A box's engine answers over
+        podman or a cluster's API: in a thread, the loop serving on meanwhile. A local run's
+        answer is a few file reads: here, so that nothing else runs between a restart's
+        first look at the run and its registration (a claim's recheck, spawned before the
+        reattach, counts on finding the run registered)."""
+        if agent.executor:
+            return await asyncio.to_thread(call, *args)
+        return call(*args)
 
     def _respawn(self, agent: Agent) -> None:
         """The spawn never started: the agent is settled, and its task, still ``working``,

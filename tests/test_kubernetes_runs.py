@@ -40,10 +40,10 @@ from gridd.runs.remote import RemoteExecutor
 from gridd.settings import KubernetesSettings
 from gridd.specs import PlanSpec, SessionStart, normalise_plan
 from tests.kube_standin import NODE, FakeCluster
-from tests.support.daemons import inprocess_daemon
+from tests.support.daemons import inprocess_daemon, start_daemon
 from tests.support.git import git_show
 from tests.support.processes import kill_workspace_agents
-from tests.support.repos import agent_command
+from tests.support.repos import agent_command, toml_value, write_config
 from tests.test_remote_runs import first_line, start_tasks, until
 
 pytestmark = [pytest.mark.xdist_group("kubernetes")]
@@ -423,6 +423,8 @@ async def test_a_restarted_daemon_finds_the_pod_by_label_and_its_output_stays_co
                 what="the agent ready",
             )
             [agent] = grid.state.agents.values()
+            # Put in, and known to be: a restart keeps its Job whatever it finds of the run.
+            assert (Path(agent.run_dir) / "remote.in").exists()
         # The daemon is gone; the pod is not. All of this is written meanwhile.
         (control / "go").touch()
         await until(lambda: (control / "burst.done").exists(), what="the burst written")
@@ -684,6 +686,80 @@ async def test_a_cancel_while_the_pod_is_pending_deletes_the_job_at_once(
             assert not list(cluster.base.glob("*/.ready"))  # no run was ever put in
             assert len([r for r in cluster.requests() if r[0] == "POST"]) == 1
     finally:
+        kill_workspace_agents(repo)
+
+
+def write_daemon_config(repo: Path, cfg: dict[str, Any], settings: KubernetesSettings) -> None:
+    """``cfg`` (``config``) and ``settings`` as the workspace's config file, for a gridd
+    process of its own."""
+    lines = ["[scheduler]"]
+    lines += [f"{k} = {toml_value(v)}" for k, v in cfg["scheduler"].items()]
+    lines += ["[executors]", 'default = "kubernetes"', "[executors.kubernetes]"]
+    lines += [
+        f"{k} = {toml_value(v)}" for k, v in settings.model_dump(exclude_defaults=True).items()
+    ]
+    for name, profile in cfg["agents"].items():
+        lines += [f"[agents.{name}]", f"command = {toml_value(profile['command'])}"]
+    write_config(repo, "\n".join(lines) + "\n")
+
+
+async def test_a_job_never_given_its_run_by_a_killed_daemon_is_deleted_on_restart(
+    repo: Path, cluster: FakeCluster
+) -> None:
+    """gridd is killed (-9) after creating the run's Job, while its pod is kept Pending:
+    the run was never put in, and no daemon ever will put it in. The restarted daemon
+    deletes that Job at once (not once the pod's bootstrap gives up, here 600 s), settles
+    the agent as never started, and a cancel of its task is immediate."""
+    cluster.hold_pods()
+    cfg = config(reader=agent_command("read_line.py"))
+    settings = {"start_timeout_seconds": 600}
+    write_daemon_config(repo, cfg, k8s_settings(cluster, **settings))
+    daemon = start_daemon(repo)
+    try:
+        c = daemon.client()
+        c.post("/tasks", {"id": "parked", "title": "never scheduled"})
+        c.post("/session/start", {"maxAgents": 1})
+        await until(lambda: cluster.pods(), what="the Job's pod, Pending")
+        [agent] = c.get("/agents")
+        daemon.kill9()
+        [job] = cluster.jobs()
+        run_dir = Path(agent["runDir"])
+        assert (run_dir / "remote.json").exists() and not (run_dir / "remote.in").exists()
+        seen = len(cluster.requests())
+        async with inprocess_daemon(
+            repo, cfg, executor=executor(repo, cluster, **settings)
+        ) as restarted:
+            grid: Grid = restarted.grid
+            await until(
+                lambda: [r for r in cluster.requests()[seen:] if r[0] == "DELETE"],
+                timeout=20,
+                what="the Job never given its run deleted",
+            )
+            [delete] = [r for r in cluster.requests()[seen:] if r[0] == "DELETE"]
+            assert delete[1].endswith(f"/jobs/{job}")
+            assert delete[2].get("propagationPolicy") == "Background"
+            old = grid.state.agents[agent["id"]]
+            assert old.ended_at is not None and old.pid is None
+            [interrupted] = events(grid, "agent.spawn_interrupted")
+            assert interrupted["agentId"] == agent["id"]
+            await grid.commands.cancel_task("parked")
+            # Well within the bootstrap's 600 s: no waiting for a timeout.
+            await until(
+                lambda: (
+                    grid.state.tasks["parked"].status == TaskStatus.CANCELLED
+                    and not grid.state.live_agents()
+                ),
+                timeout=20,
+                what="the task cancelled, no agent left",
+            )
+            await until(lambda: cluster.jobs() == {}, timeout=20, what="every Job deleted")
+            await until(lambda: cluster.pods() == {}, timeout=20, what="every pod deleted")
+            assert events(grid, "agent.spawned") == []
+            cluster.release_held()
+            assert not list(cluster.base.glob("*/.ready"))  # no run was ever put in
+    finally:
+        if daemon.proc.poll() is None:
+            daemon.kill9()
         kill_workspace_agents(repo)
 
 

@@ -65,6 +65,10 @@ class Engine(Protocol):
 
     kind: str
     root: str
+    #: The run goes into the box after ``create`` made it (a Job's pod waits for it): a
+    #: box may exist that never got its run (``RemoteExecutor.fence``). False when
+    #: ``create`` starts the box with its run already in (podman's staged mount).
+    input_after_create: bool
 
     def create(
         self,
@@ -142,6 +146,7 @@ class DirectoryBoxes:
     but what goes through ``create`` and ``exec``) where no container engine is."""
 
     kind = "directory"
+    input_after_create = False  # its files are written before the shim starts
 
     def __init__(self, base: Path) -> None:
         self.base = base

@@ -21,7 +21,9 @@ that needs the cluster, so a daemon whose runs are all elsewhere never loads it.
   Once the pod runs, one exec writes the in-box shim, the spec and the base bundle (a tar
   of exactly the size it announces: nothing waits for stdin to close), and the bootstrap
   becomes the shim (``runs/boxshim.py`` ``run``). A bootstrap given nothing within
-  ``start_timeout_seconds`` exits, so a daemon killed in between leaves no pod waiting.
+  ``start_timeout_seconds`` exits, so a daemon killed in between leaves no pod waiting;
+  restarted, the daemon deletes such a Job at once (``RemoteExecutor.fence``: the run
+  directory has no ``remote.in``, written once the run is in).
 - **Everything else is an exec** of the shim's commands in the pod (the exec websocket's
   ``v5.channel.k8s.io`` protocol: Kubernetes 1.30 or later).
 - **Why a box is gone** is read from the Job and its pod (``exit_reason``): out of memory,
@@ -242,6 +244,7 @@ def _tar(files: dict[str, bytes]) -> bytes:
 class KubernetesEngine:
     kind = "kubernetes"
     root = ROOT
+    input_after_create = True  # the Job first (the claim), the run by exec once its pod runs
 
     def __init__(self, settings: KubernetesSettings, *, client: Any = None) -> None:
         self.settings = settings

@@ -36,6 +36,7 @@ GONE = ("no such container", "no container with name or id", "container state im
 class PodmanEngine:
     kind = "podman"
     root = ROOT
+    input_after_create = False  # staged and mounted at ``podman run``
 
     def __init__(
         self, settings: PodmanSettings, *, cache_dir: Path, stage_dir: Path | None = None

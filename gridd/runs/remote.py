@@ -6,7 +6,10 @@ An ``Executor`` (``runs/executor.py``) over an ``Engine`` (``runs/boxes.py``). A
 2. bundles the task's branch (``git bundle``: the repository in, no credentials needed);
 3. creates the box named after the run, with the bundle, the spec and the in-box shim
    (``runs/boxshim.py``). Creating it is the claim: a name taken fails the spawn, so a
-   run never has two copies. The shim clones the bundle and starts the agent;
+   run never has two copies. The shim clones the bundle and starts the agent. An engine
+   that puts the run in after making the box (a Job's pod, once it runs) has
+   ``remote.in`` written durably once it is in: a restarted daemon removes a box found
+   without it (``fence``), since nothing will ever put its run in;
 4. waits for the shim's ``agent.json`` (or its ``exit.json``), as the local executor does:
    heard from the shim's news where the engine keeps it on this machine
    (``boxes.Announcing``: a file read), else (or when the news is slow to come) from the
@@ -27,6 +30,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -48,6 +52,10 @@ NEWS_SECONDS = 1.0
 #: How often a spawn checks for the shim's news, or for what the mirror saw.
 SPAWN_POLL_SECONDS = 0.01
 REMOTE = "remote.json"
+#: Written durably beside ``remote.json`` once the run is in its box, by an engine whose run
+#: goes in after the box is made (``Engine.input_after_create``): a box found without it
+#: after a restart never got its run (``fence``).
+PUT_IN = "remote.in"
 
 
 class RemoteSpawnError(GriddError):
@@ -340,6 +348,8 @@ class RemoteExecutor:
             )
         except BoxError as exc:
             raise RemoteSpawnError(f"could not create box {name}: {exc.message}") from exc
+        if self.engine.input_after_create:
+            _write_durably(launch.run_dir / PUT_IN)
         # An engine with news: the spawn hears the agent start there, before any look.
         return self._mirror(launch.run_dir, remote, look=not isinstance(self.engine, Announcing))
 
@@ -398,6 +408,39 @@ class RemoteExecutor:
 
     def fence(self, run_dir: Path) -> bool:
         """A run recorded but not known to run: its box, if there is one, runs it (False);
-        otherwise none ever will, since only this daemon creates boxes (True)."""
+        otherwise none ever will, since only this daemon creates boxes (True).
+
+        A box whose run goes in after its create (``Engine.input_after_create``: a Job)
+        and that was never put in (no ``PUT_IN``, no agent heard of) will never run it: the
+        daemon that would have put it in died. It is removed (True), so that its task
+        starts afresh at once instead of waiting for the box's bootstrap to give up. A
+        daemon killed after the put-in but before ``PUT_IN`` was written loses that run
+        the same way: its agent, moments old, goes with its box and nothing of it is
+        recorded; so a run never has two copies."""
         name = box_name(self.workspace, run_dir)
-        return self.engine.info(name) is None
+        if self.engine.info(name) is None:
+            return True
+        if not self.engine.input_after_create:
+            return False
+        if (run_dir / PUT_IN).exists() or (run_dir / "agent.json").exists():
+            return False
+        log.warning("box %s never got its run (the daemon died first): removed", name)
+        with self._lock:  # reattach's mirror, looking at a box that goes
+            self.mirrors.pop(run_dir, None)
+        self.engine.remove(name)
+        return True
+
+
+def _write_durably(path: Path) -> None:
+    """An empty file, there for good before this returns (the file and its directory
+    synced)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

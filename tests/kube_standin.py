@@ -360,6 +360,11 @@ class FakeCluster:
                 self.cluster, self.url = cluster, str(server.url).rstrip("/")
                 self._ready.set()
                 await self._stop.wait()
+                # A watch's handler streams until it is cancelled (aiohttp does not cancel it
+                # when its client goes): the server's shutdown would wait its minute for them.
+                for task in asyncio.all_tasks():
+                    if task is not asyncio.current_task():
+                        task.cancel()
 
         asyncio.run(main())
 

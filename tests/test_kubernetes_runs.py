@@ -500,6 +500,12 @@ async def test_a_pod_ended_by_the_cluster_fails_the_run_with_its_own_reason(
             grid: Grid = daemon.grid
             start_tasks(grid, {"id": "stuck", "title": "ended by the cluster"})
             await until(lambda: (tmp_path / "stuck.pids").exists(), what="the hang agent")
+            # Ended while it runs, as the daemon knows it (its spawn over): ended sooner,
+            # it is a start that failed.
+            await until(
+                lambda: [a.pid for a in grid.state.agents.values()] != [None],
+                what="the agent recorded running",
+            )
             [first] = grid.state.agents.values()
             (tmp_path / "stuck.pids").unlink()
             [job] = cluster.jobs()

@@ -20,6 +20,7 @@ median. Skipped (no figures) without ``curl``.
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -35,10 +36,13 @@ RUNS_QUICK = 4
 SIZE_MB = 50
 SIZE_MB_QUICK = 10
 TARGET_RATIO = 0.8
+#: The paced figure's link: 1 Gbit/s.
+PACED_MB_S = 125
 
 SERVER = """
-import socket, sys, threading
+import socket, sys, threading, time
 size = int(sys.argv[1])
+rate = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0  # bytes a second; 0: as fast as it goes
 body = b"x" * size
 head = b"HTTP/1.1 200 OK\\r\\ncontent-length: %d\\r\\nconnection: close\\r\\n\\r\\n" % size
 listener = socket.create_server(("127.0.0.1", 0))
@@ -47,7 +51,14 @@ def serve(conn):
     with conn:
         conn.recv(65536)
         conn.sendall(head)
-        conn.sendall(body)
+        if not rate:
+            conn.sendall(body)
+            return
+        start, view, sent = time.monotonic(), memoryview(body), 0
+        while sent < size:
+            conn.sendall(view[sent : sent + 1_000_000])
+            sent = min(size, sent + 1_000_000)
+            time.sleep(max(0.0, start + sent / rate - time.monotonic()))
 while True:
     conn, _ = listener.accept()
     threading.Thread(target=serve, args=(conn,), daemon=True).start()
@@ -114,6 +125,12 @@ class _Proxy:
         return float(self.proc.stdout.readline())
 
 
+def _children_cpu() -> float:
+    """CPU seconds of the children reaped so far (each download's curl, once it is done)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _download(curl: str, port: int, proxy: int | None) -> float:
     argv = [curl, "-sS", "-o", "/dev/null", "-w", "%{time_total}"]
     if proxy is not None:
@@ -122,6 +139,20 @@ def _download(curl: str, port: int, proxy: int | None) -> float:
         [*argv, f"http://127.0.0.1:{port}/"], capture_output=True, text=True, check=True
     )
     return float(done.stdout)
+
+
+def _paced(curl: str, size_mb: int, runs: int) -> dict[str, float]:
+    """The same downloads from a server paced at ``PACED_MB_S`` (a fast link to the internet,
+    where an agent's downloads come from): median seconds each way."""
+    times: dict[str, list[float]] = {"direct": [], "proxy": []}
+    with (
+        _serving(SERVER, str(size_mb * 1_000_000), str(PACED_MB_S * 1_000_000)) as (port, _),
+        _serving(PROXY, str(port)) as (proxy, _),
+    ):
+        for _ in range(runs):
+            for way, through in (("direct", None), ("proxy", proxy)):
+                times[way].append(_download(curl, port, through))
+    return {way: median(spent) for way, spent in times.items()}
 
 
 def run(quick: bool) -> dict[str, Any]:
@@ -142,25 +173,31 @@ def run(quick: bool) -> dict[str, Any]:
     times: dict[str, list[float]] = {"direct": [], "proxy": []}
     lags: dict[str, list[float]] = {"direct": [], "proxy": []}
     cpu = [0.0, 0.0]  # the proxy's process and its loop's thread, over the proxied downloads
+    #: CPU seconds each way, over all its downloads: the server's and curl's.
+    ends = {"direct": [0.0, 0.0], "proxy": [0.0, 0.0]}
     with (
-        _serving(SERVER, str(size_mb * 1_000_000)) as (port, _),
+        _serving(SERVER, str(size_mb * 1_000_000)) as (port, server_proc),
         _serving(PROXY, str(port)) as (proxy, proc),
     ):
-        watch = _Proxy(proc)
+        watch, server = _Proxy(proc), _Proxy(server_proc)
         _download(curl, port, None)  # warm-ups
         _download(curl, port, proxy)
         for _ in range(runs):
             for way, through in (("direct", None), ("proxy", proxy)):
                 watch.lag()
-                before = watch.cpu()
+                before, served, curled = watch.cpu(), server.cpu()[0], _children_cpu()
                 times[way].append(_download(curl, port, through))
                 after = watch.cpu()
+                ends[way][0] += server.cpu()[0] - served
+                ends[way][1] += _children_cpu() - curled
                 lags[way].append(watch.lag())
                 if through is not None:
                     cpu = [c + a - b for c, a, b in zip(cpu, after, before, strict=True)]
     direct_mbs = size_mb / median(times["direct"])
     proxy_mbs = size_mb / median(times["proxy"])
     ratio = proxy_mbs / direct_mbs
+    paced = _paced(curl, size_mb, 3 if quick else 5)
+    paced_ratio = paced["direct"] / paced["proxy"]
     return result(
         name=NAME,
         title=f"{size_mb} MB download through a run's filtering proxy against direct",
@@ -183,6 +220,17 @@ def run(quick: bool) -> dict[str, Any]:
             "proxy_ms": ms_summary(times["proxy"]),
             "proxy_cpu_ms_per_download": round(cpu[0] / runs * 1000, 1),
             "loop_thread_cpu_ms_per_download": round(cpu[1] / runs * 1000, 2),
+            "cpu_ms_per_download": {
+                way: {
+                    "server": round(spent[0] / runs * 1000, 1),
+                    "curl": round(spent[1] / runs * 1000, 1),
+                    **({"proxy": round(cpu[0] / runs * 1000, 1)} if way == "proxy" else {}),
+                }
+                for way, spent in ends.items()
+            },
+            "paced_link_mb_per_s": PACED_MB_S,
+            "paced_ratio": round(paced_ratio, 3),
+            "paced_ms": {way: round(spent * 1000, 1) for way, spent in paced.items()},
             "loop_worst_lag_ms": {
                 "during_proxied": ms_summary(lags["proxy"]),
                 "during_direct": ms_summary(lags["direct"]),
@@ -192,7 +240,12 @@ def run(quick: bool) -> dict[str, Any]:
         summary=f"through the proxy {proxy_mbs:.0f} MB/s, direct {direct_mbs:.0f} MB/s;"
         f" ratio {ratio:.2f}; the proxy's CPU {cpu[0] / runs * 1000:.1f} ms per download, its"
         f" loop's {cpu[1] / runs * 1000:.2f} ms; loop lag worst {max(lags['proxy']) * 1000:.1f}"
-        f" ms proxied, {max(lags['direct']) * 1000:.1f} ms direct",
+        f" ms proxied, {max(lags['direct']) * 1000:.1f} ms direct; CPU per download (server"
+        f" + curl): direct {sum(ends['direct']) / runs * 1000:.1f} ms, proxied"
+        f" {sum(ends['proxy']) / runs * 1000:.1f} ms + the proxy's; from a server paced at"
+        f" {PACED_MB_S} MB/s (1 Gbit/s), ratio {paced_ratio:.2f}",
         notes="downloads alternate, one at a time, after one warm-up of each; curl's"
-        " time_total, CONNECT through the proxy",
+        " time_total, CONNECT through the proxy. The paced figure (no target): the same"
+        " downloads from a server sending at a fast internet link's speed, where an agent's"
+        " downloads come from",
     )

@@ -55,6 +55,16 @@ def cluster(tmp_path: Path) -> Iterator[FakeCluster]:
         yield fake
 
 
+@pytest.fixture
+def engine(cluster: FakeCluster) -> Iterator[KubernetesEngine]:
+    """An engine on the stand-in, closed after the test (its pod watch's thread with it)."""
+    made = KubernetesEngine(k8s_settings(cluster))
+    try:
+        yield made
+    finally:
+        made.close()
+
+
 def k8s_settings(cluster: FakeCluster, **changes: Any) -> KubernetesSettings:
     values: dict[str, Any] = {
         "server": cluster.url,
@@ -216,8 +226,8 @@ def test_why_a_box_stopped_is_read_from_its_job_and_pod(
 
 def test_creating_a_taken_name_is_refused_so_a_run_never_has_two_copies(
     cluster: FakeCluster,
+    engine: KubernetesEngine,
 ) -> None:
-    engine = KubernetesEngine(k8s_settings(cluster))
     labels = {"grid.workspace": "ab12", "grid.run": "r-1"}
     files = {"spec.json": b"{}"}
     # The bootstrap is given its files: a spec that cannot start fails the run in the
@@ -233,8 +243,9 @@ def test_creating_a_taken_name_is_refused_so_a_run_never_has_two_copies(
     engine.remove("grid-ab12-r-1")
 
 
-def test_a_quota_denial_on_create_is_its_own_error(cluster: FakeCluster) -> None:
-    engine = KubernetesEngine(k8s_settings(cluster))
+def test_a_quota_denial_on_create_is_its_own_error(
+    cluster: FakeCluster, engine: KubernetesEngine
+) -> None:
     cluster.refuse_next_create(
         403,
         "Forbidden",
@@ -248,11 +259,12 @@ def test_a_quota_denial_on_create_is_its_own_error(cluster: FakeCluster) -> None
     assert cluster.jobs() == {}
 
 
-def test_a_job_whose_create_went_unanswered_is_deleted(cluster: FakeCluster) -> None:
+def test_a_job_whose_create_went_unanswered_is_deleted(
+    cluster: FakeCluster, engine: KubernetesEngine
+) -> None:
     """The API server made the Job but its answer was lost (a read timed out under load):
     the start fails, and the Job it may have made is deleted rather than left with a pod
     waiting for a run that is never put in."""
-    engine = KubernetesEngine(k8s_settings(cluster))
     cluster.lose_next_answer()
     with pytest.raises(BoxError) as failed:
         engine.create("grid-ab12-r-6", labels={"grid.run": "r-6"}, files={})
@@ -263,9 +275,9 @@ def test_a_job_whose_create_went_unanswered_is_deleted(cluster: FakeCluster) -> 
 
 def test_an_exec_server_without_the_v5_protocol_is_refused_with_what_to_do(
     cluster: FakeCluster,
+    engine: KubernetesEngine,
 ) -> None:
     cluster.only_v4()
-    engine = KubernetesEngine(k8s_settings(cluster))
     with pytest.raises(GriddError) as refused:
         engine.create("grid-ab12-r-3", labels={"grid.run": "r-3"}, files={})
     assert "v5.channel.k8s.io" in refused.value.message
@@ -627,8 +639,9 @@ def test_threads_decoding_lightkube_models_at_once_do_not_crash_the_process() ->
         assert (done.returncode, done.stdout) == (0, "alive\n"), done.stderr[-2000:]
 
 
-def test_a_failing_exec_says_its_exit_code_from_the_error_channel(cluster: FakeCluster) -> None:
-    engine = KubernetesEngine(k8s_settings(cluster))
+def test_a_failing_exec_says_its_exit_code_from_the_error_channel(
+    cluster: FakeCluster, engine: KubernetesEngine
+) -> None:
     engine.create("grid-ab12-r-5", labels={"grid.run": "r-5"}, files={"spec.json": b"{}"})
     with pytest.raises(BoxError) as failed:
         engine.exec("grid-ab12-r-5", ["no-such-command"])
@@ -636,8 +649,9 @@ def test_a_failing_exec_says_its_exit_code_from_the_error_channel(cluster: FakeC
     engine.remove("grid-ab12-r-5")
 
 
-def test_a_box_gone_carries_the_reason_the_cluster_gives(cluster: FakeCluster) -> None:
-    engine = KubernetesEngine(k8s_settings(cluster))
+def test_a_box_gone_carries_the_reason_the_cluster_gives(
+    cluster: FakeCluster, engine: KubernetesEngine
+) -> None:
     engine.create("grid-ab12-r-4", labels={"grid.run": "r-4"}, files={"spec.json": b"{}"})
     cluster.end_pod("grid-ab12-r-4", OOM)
     with pytest.raises(BoxGone) as gone:

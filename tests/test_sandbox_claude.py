@@ -117,7 +117,9 @@ def test_a_whole_sandboxed_claude_task_resumes_its_session_after_a_rate_limit(
     }
     write_core_config(repo, agents={"claude": profile}, scheduler={"default_agent": "claude"})
     worktree = repo / ".grid" / "worktrees" / "calc"
-    run_test = {"command": "python3 test_calc.py", "description": "run the test"}
+    # -B: the first run's calc.pyc would have the edited source's size and (within the same
+    # second) its mtime, and be taken for it where bytecode is written (a clean environment).
+    run_test = {"command": "python3 -B test_calc.py", "description": "run the test"}
     commit = {"command": "git add -A && git commit -qm 'add: calc' && echo committed"}
     api.push(
         tool("Write", {"file_path": str(worktree / "calc.py"), "content": CALC}),

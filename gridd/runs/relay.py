@@ -199,13 +199,21 @@ class _End(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.ended = False  # its far side sent EOF
         self.buffer = memoryview(bytearray(BUFFER))
+        #: Read before the other end was made (a transport may read before ``pause_reading``
+        #: in ``connection_made`` holds): written to it first, once it is.
+        self.early: list[bytes] = []
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.buffer
 
     def buffer_updated(self, nbytes: int) -> None:
+        # A copy: a transport may keep what it could not send yet by reference (Python
+        # 3.12's write buffer does), and this buffer is read into again.
+        data = bytes(self.buffer[:nbytes])
         if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.write(self.buffer[:nbytes])
+            self.peer.transport.write(data)
+        else:
+            self.early.append(data)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -214,6 +222,8 @@ class _End(asyncio.BufferedProtocol):
     def eof_received(self) -> bool:
         self.ended = True
         peer = self.peer
+        if peer is not None and peer.transport is None:
+            return True  # passed on once the other end is made (``StreamRelay.run``)
         if peer is None or peer.transport is None or peer.transport.is_closing() or peer.ended:
             self.relay.close()
             return False
@@ -255,6 +265,15 @@ class StreamRelay:
             await loop.create_connection(lambda: server_end, sock=server)
             if self._aborted:
                 self.close(abort=True)
+            for end in self.ends:
+                peer = end.peer
+                if peer is None or peer.transport is None or peer.transport.is_closing():
+                    continue
+                for data in end.early:  # read before the other end was made
+                    peer.transport.write(data)
+                end.early.clear()
+                if end.ended and peer.transport.can_write_eof():
+                    peer.transport.write_eof()
             for end in self.ends:
                 if end.transport is not None and not end.transport.is_closing():
                     end.transport.resume_reading()

@@ -13,6 +13,13 @@ threads gone since, and the main thread's ``schedstat``), and how late a 5 ms ti
 that loop fired at worst during each download, proxied and direct (the loop must stay
 responsive while a tunnel is busy: the daemon serves its API on it).
 
+Also without a target, the floor of any relay on this machine: the same downloads through
+a bare forwarder (``FORWARDER``: two threads that ``splice`` each way, no ``CONNECT``, no
+asyncio, nothing decided), interleaved with the others. A second loopback hop costs what it
+costs whoever relays: on a machine whose two cores a direct download already keeps busy
+(the server's and curl's CPU), that floor, not the proxy's design, bounds the ratio; the
+proxy's own cost is how far it falls below the bare forwarder (``proxy_vs_bare``).
+
 Baseline: the direct downloads. Target: the proxy's median throughput >= 0.8 x the direct
 median. Skipped (no figures) without ``curl``.
 """
@@ -85,6 +92,28 @@ async def main():
 asyncio.run(main())
 """
 
+FORWARDER = """
+import fcntl, os, socket, sys, threading
+upstream = int(sys.argv[1])
+listener = socket.create_server(("127.0.0.1", 0))
+print(listener.getsockname()[1], flush=True)
+def way(src, dst):
+    read, write = os.pipe()
+    fcntl.fcntl(read, 1031, 1 << 20)  # F_SETPIPE_SZ, as the proxy's relay grows its pipes
+    try:
+        while n := os.splice(src.fileno(), write, 1 << 20):
+            while n:
+                n -= os.splice(read, dst.fileno(), n)
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+while True:
+    client, _ = listener.accept()
+    server = socket.create_connection(("127.0.0.1", upstream))
+    for src, dst in ((client, server), (server, client)):
+        threading.Thread(target=way, args=(src, dst), daemon=True).start()
+"""
+
 
 @contextmanager
 def _serving(code: str, *args: str) -> Iterator[tuple[int, subprocess.Popen[str]]]:
@@ -132,6 +161,7 @@ def _children_cpu() -> float:
 
 
 def _download(curl: str, port: int, proxy: int | None) -> float:
+    """Seconds to download from ``port``, through the proxy at ``proxy`` if one is given."""
     argv = [curl, "-sS", "-o", "/dev/null", "-w", "%{time_total}"]
     if proxy is not None:
         argv += ["-p", "-x", f"http://127.0.0.1:{proxy}"]
@@ -175,14 +205,18 @@ def run(quick: bool) -> dict[str, Any]:
     cpu = [0.0, 0.0]  # the proxy's process and its loop's thread, over the proxied downloads
     #: CPU seconds each way, over all its downloads: the server's and curl's.
     ends = {"direct": [0.0, 0.0], "proxy": [0.0, 0.0]}
+    bare: list[float] = []  # through the bare forwarder
     with (
         _serving(SERVER, str(size_mb * 1_000_000)) as (port, server_proc),
         _serving(PROXY, str(port)) as (proxy, proc),
+        _serving(FORWARDER, str(port)) as (forwarder, _),
     ):
         watch, server = _Proxy(proc), _Proxy(server_proc)
         _download(curl, port, None)  # warm-ups
         _download(curl, port, proxy)
+        _download(curl, forwarder, None)
         for _ in range(runs):
+            bare.append(_download(curl, forwarder, None))
             for way, through in (("direct", None), ("proxy", proxy)):
                 watch.lag()
                 before, served, curled = watch.cpu(), server.cpu()[0], _children_cpu()
@@ -196,6 +230,7 @@ def run(quick: bool) -> dict[str, Any]:
     direct_mbs = size_mb / median(times["direct"])
     proxy_mbs = size_mb / median(times["proxy"])
     ratio = proxy_mbs / direct_mbs
+    bare_ratio = median(times["direct"]) / median(bare)
     paced = _paced(curl, size_mb, 3 if quick else 5)
     paced_ratio = paced["direct"] / paced["proxy"]
     return result(
@@ -228,6 +263,9 @@ def run(quick: bool) -> dict[str, Any]:
                 }
                 for way, spent in ends.items()
             },
+            "bare_forwarder_ratio": round(bare_ratio, 3),
+            "proxy_vs_bare": round(ratio / bare_ratio, 3),
+            "bare_forwarder_ms": ms_summary(bare),
             "paced_link_mb_per_s": PACED_MB_S,
             "paced_ratio": round(paced_ratio, 3),
             "paced_ms": {way: round(spent * 1000, 1) for way, spent in paced.items()},
@@ -243,9 +281,13 @@ def run(quick: bool) -> dict[str, Any]:
         f" ms proxied, {max(lags['direct']) * 1000:.1f} ms direct; CPU per download (server"
         f" + curl): direct {sum(ends['direct']) / runs * 1000:.1f} ms, proxied"
         f" {sum(ends['proxy']) / runs * 1000:.1f} ms + the proxy's; from a server paced at"
-        f" {PACED_MB_S} MB/s (1 Gbit/s), ratio {paced_ratio:.2f}",
+        f" {PACED_MB_S} MB/s (1 Gbit/s), ratio {paced_ratio:.2f}; a bare splice forwarder"
+        f" (any relay's floor here) {bare_ratio:.2f} x direct, the proxy"
+        f" {ratio / bare_ratio:.2f} x the bare forwarder",
         notes="downloads alternate, one at a time, after one warm-up of each; curl's"
         " time_total, CONNECT through the proxy. The paced figure (no target): the same"
         " downloads from a server sending at a fast internet link's speed, where an agent's"
-        " downloads come from",
+        " downloads come from. The bare forwarder (no target): the same downloads through"
+        " two splice threads that decide nothing, interleaved: what a second loopback hop"
+        " costs on this machine whoever relays",
     )

@@ -209,8 +209,10 @@ def test_the_feature_branch_never_moves_under_a_checkout_and_every_merge_lands_a
                 violations.append(f"checkout {checkouts}: the index differs from the branch")
             if git(repo, "rev-parse", "feature/co").strip() != at_checkout:
                 violations.append(f"checkout {checkouts}: the branch moved while checked out")
-            # -f: a violation would leave staged changes behind; keep the loop going
-            run_git(repo, "checkout", "-q", "-f", "main")
+            # -f: a violation would leave staged changes behind; keep the loop going. Back to
+            # main until git agrees: a landing's locks fail this checkout too, and staying on
+            # the branch would make the next checkout's refusal look like a move.
+            wait_for(lambda: run_git(repo, "checkout", "-q", "-f", "main").returncode == 0)
             time.sleep(pauses.choice((0.0, 0.0, 0.0, 0.7)))
         wait_for(lambda: run_git(repo, "checkout", "-q", "-f", "main").returncode == 0)
         assert violations == []

@@ -16,7 +16,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,29 @@ def executor(repo: Path, cluster: FakeCluster, **changes: Any) -> RemoteExecutor
     )
 
 
+#: A start that would wait this long for its pod: past any test's end, so that what ends
+#: it sooner (a cancel, a quota's refusal, a restart) shows.
+PATIENT: dict[str, Any] = {"start_timeout_seconds": 600}
+
+
+@asynccontextmanager
+async def kube_daemon(
+    repo: Path, cluster: FakeCluster, cfg: dict[str, object] | None = None, **settings: Any
+) -> AsyncIterator[Grid]:
+    """An in-process daemon whose runs are Jobs on the stand-in (``settings`` changing
+    ``k8s_settings``), by default of one profile that reads a line (``read_line.py``); the
+    workspace's agents are killed after it, whatever happened."""
+    if cfg is None:
+        cfg = config(reader=agent_command("read_line.py"))
+    try:
+        async with inprocess_daemon(
+            repo, cfg, executor=executor(repo, cluster, **settings)
+        ) as daemon:
+            yield daemon.grid
+    finally:
+        kill_workspace_agents(repo)
+
+
 def config(**agents: list[str]) -> dict[str, object]:
     return {
         "scheduler": {
@@ -108,6 +132,18 @@ def start_two_tasks(grid: Grid, *, max_agents: int) -> None:
 
 def events(grid: Grid, kind: str) -> list[dict[str, Any]]:
     return [e.data for e in grid.state.store.events_after(0, types=[kind])]
+
+
+def assert_not_started_yet(refused: dict[str, Any]) -> None:
+    """``refused`` (a ``task.start_failed``) is a quota's: the start counted no attempt."""
+    assert refused["counted"] is False
+    assert "exceeded quota" in str(refused["error"]), refused
+
+
+def assert_started_on_its_first_attempt(grid: Grid, task_id: str) -> None:
+    """The task's run started after its refusals, which spent no attempt and failed no agent."""
+    assert grid.state.tasks[task_id].attempts == 1
+    assert events(grid, "agent.failed") == []
 
 
 # -- the Job ------------------------------------------------------------------------------
@@ -554,21 +590,13 @@ async def test_a_quota_denial_is_not_started_yet_and_the_task_starts_once_it_is_
         "Forbidden",
         'jobs.batch "x" is forbidden: exceeded quota: grid-quota, requested: limits.memory=2Gi',
     )
-    cfg = config(reader=agent_command("read_line.py"))
-    try:
-        async with inprocess_daemon(repo, cfg, executor=executor(repo, cluster)) as daemon:
-            grid: Grid = daemon.grid
-            start_tasks(grid, {"id": "later", "title": "waits for the quota"})
-            await first_line(grid, "ready for a line", what="the run started once the quota let it")
-            await until(lambda: events(grid, "task.start_failed"), what="the refusal recorded")
-            [refused] = events(grid, "task.start_failed")
-            assert refused["counted"] is False
-            assert "exceeded quota" in str(refused["error"])
-            task = grid.state.tasks["later"]
-            assert task.attempts == 1  # the refused start spent no attempt
-            assert events(grid, "agent.failed") == []
-    finally:
-        kill_workspace_agents(repo)
+    async with kube_daemon(repo, cluster) as grid:
+        start_tasks(grid, {"id": "later", "title": "waits for the quota"})
+        await first_line(grid, "ready for a line", what="the run started once the quota let it")
+        await until(lambda: events(grid, "task.start_failed"), what="the refusal recorded")
+        [refused] = events(grid, "task.start_failed")
+        assert_not_started_yet(refused)
+        assert_started_on_its_first_attempt(grid, "later")
 
 
 async def test_a_profile_sets_its_own_image_and_resources_for_its_jobs(
@@ -671,42 +699,34 @@ async def test_a_cancel_while_the_pod_is_pending_deletes_the_job_at_once(
     at once and the run ends stopped, the task cancelled; the pod, released afterwards,
     cannot start anything: it went with its Job."""
     cluster.hold_pods()
-    cfg = config(reader=agent_command("read_line.py"))
-    settings = {"start_timeout_seconds": 600}
-    try:
-        async with inprocess_daemon(
-            repo, cfg, executor=executor(repo, cluster, **settings)
-        ) as daemon:
-            grid: Grid = daemon.grid
-            start_tasks(grid, {"id": "parked", "title": "never scheduled"})
-            await until(lambda: cluster.pods(), what="the Job's pod, Pending")
-            [pod] = cluster.pods().values()
-            assert pod["status"]["phase"] == "Pending"
-            [agent] = grid.state.agents.values()
-            await grid.commands.cancel_task("parked")
-            # Well within the start's 600 s: no waiting for a timeout.
-            await until(lambda: cluster.jobs() == {}, timeout=20, what="the Job deleted")
-            deletes = [r for r in cluster.requests() if r[0] == "DELETE"]
-            assert [d[2].get("propagationPolicy") for d in deletes] == ["Background"]
-            await until(lambda: cluster.pods() == {}, timeout=20, what="its pod deleted")
-            await until(
-                lambda: grid.state.agents[agent.id].ended_at is not None,
-                timeout=20,
-                what="the run ended",
-            )
-            [stopped] = events(grid, "agent.stopped")
-            assert stopped["agentId"] == agent.id
-            assert stopped["reason"] == "cancelled by user"
-            assert stopped["committedWork"] is False
-            assert events(grid, "task.start_failed") == []
-            assert events(grid, "agent.spawned") == []
-            assert grid.state.tasks["parked"].status == TaskStatus.CANCELLED
-            cluster.release_held()
-            assert cluster.pods() == {} and cluster.jobs() == {}
-            assert not list(cluster.base.glob("*/.ready"))  # no run was ever put in
-            assert len([r for r in cluster.requests() if r[0] == "POST"]) == 1
-    finally:
-        kill_workspace_agents(repo)
+    async with kube_daemon(repo, cluster, **PATIENT) as grid:
+        start_tasks(grid, {"id": "parked", "title": "never scheduled"})
+        await until(lambda: cluster.pods(), what="the Job's pod, Pending")
+        [pod] = cluster.pods().values()
+        assert pod["status"]["phase"] == "Pending"
+        [agent] = grid.state.agents.values()
+        await grid.commands.cancel_task("parked")
+        # Well within the start's 600 s: no waiting for a timeout.
+        await until(lambda: cluster.jobs() == {}, timeout=20, what="the Job deleted")
+        deletes = [r for r in cluster.requests() if r[0] == "DELETE"]
+        assert [d[2].get("propagationPolicy") for d in deletes] == ["Background"]
+        await until(lambda: cluster.pods() == {}, timeout=20, what="its pod deleted")
+        await until(
+            lambda: grid.state.agents[agent.id].ended_at is not None,
+            timeout=20,
+            what="the run ended",
+        )
+        [stopped] = events(grid, "agent.stopped")
+        assert stopped["agentId"] == agent.id
+        assert stopped["reason"] == "cancelled by user"
+        assert stopped["committedWork"] is False
+        assert events(grid, "task.start_failed") == []
+        assert events(grid, "agent.spawned") == []
+        assert grid.state.tasks["parked"].status == TaskStatus.CANCELLED
+        cluster.release_held()
+        assert cluster.pods() == {} and cluster.jobs() == {}
+        assert not list(cluster.base.glob("*/.ready"))  # no run was ever put in
+        assert len([r for r in cluster.requests() if r[0] == "POST"]) == 1
 
 
 def write_daemon_config(repo: Path, cfg: dict[str, Any], settings: KubernetesSettings) -> None:
@@ -732,8 +752,7 @@ async def test_a_job_never_given_its_run_by_a_killed_daemon_is_deleted_on_restar
     the agent as never started, and a cancel of its task is immediate."""
     cluster.hold_pods()
     cfg = config(reader=agent_command("read_line.py"))
-    settings = {"start_timeout_seconds": 600}
-    write_daemon_config(repo, cfg, k8s_settings(cluster, **settings))
+    write_daemon_config(repo, cfg, k8s_settings(cluster, **PATIENT))
     daemon = start_daemon(repo)
     try:
         c = daemon.client()
@@ -746,10 +765,7 @@ async def test_a_job_never_given_its_run_by_a_killed_daemon_is_deleted_on_restar
         run_dir = Path(agent["runDir"])
         assert (run_dir / "remote.json").exists() and not (run_dir / "remote.in").exists()
         seen = len(cluster.requests())
-        async with inprocess_daemon(
-            repo, cfg, executor=executor(repo, cluster, **settings)
-        ) as restarted:
-            grid: Grid = restarted.grid
+        async with kube_daemon(repo, cluster, cfg, **PATIENT) as grid:
             await until(
                 lambda: [r for r in cluster.requests()[seen:] if r[0] == "DELETE"],
                 timeout=20,
@@ -797,35 +813,24 @@ async def test_a_quota_that_refuses_the_pod_is_not_started_yet_and_the_job_goes(
     long before ``start_timeout_seconds`` (600 s here); the Job is deleted (it would make
     the pod once the quota has room) and the task waits, no attempt spent, then starts."""
     cluster.refuse_pods_for_quota(QUOTA)
-    cfg = config(reader=agent_command("read_line.py"))
-    settings = {"start_timeout_seconds": 600}
-    try:
-        async with inprocess_daemon(
-            repo, cfg, executor=executor(repo, cluster, **settings)
-        ) as daemon:
-            grid: Grid = daemon.grid
-            start_tasks(grid, {"id": "later", "title": "waits for the quota"})
-            await until(lambda: events(grid, "task.start_failed"), what="the refusal recorded")
-            cluster.refuse_pods_for_quota(None)
-            [refused] = events(grid, "task.start_failed")[:1]
-            assert refused["counted"] is False
-            assert "exceeded quota" in str(refused["error"]), refused
-            assert "pod" in str(refused["error"])
-            lists = [r for r in cluster.requests() if r[1].endswith("/events")]
-            assert lists and lists[0][2].get("fieldSelector", "").startswith(
-                "involvedObject.name=grid-"
-            ), lists
-            first_job = cluster.created()[0]["metadata"]["name"]
-            assert ("DELETE", first_job) in {
-                (r[0], r[1].rsplit("/", 1)[-1]) for r in cluster.requests()
-            }
-            await first_line(grid, "ready for a line", what="the run started once the quota let it")
-            task = grid.state.tasks["later"]
-            assert task.attempts == 1  # the refused start spent no attempt
-            assert events(grid, "agent.failed") == []
-            assert first_job not in cluster.jobs()
-    finally:
-        kill_workspace_agents(repo)
+    async with kube_daemon(repo, cluster, **PATIENT) as grid:
+        start_tasks(grid, {"id": "later", "title": "waits for the quota"})
+        await until(lambda: events(grid, "task.start_failed"), what="the refusal recorded")
+        cluster.refuse_pods_for_quota(None)
+        [refused] = events(grid, "task.start_failed")[:1]
+        assert_not_started_yet(refused)
+        assert "pod" in str(refused["error"])
+        lists = [r for r in cluster.requests() if r[1].endswith("/events")]
+        assert lists and lists[0][2].get("fieldSelector", "").startswith(
+            "involvedObject.name=grid-"
+        ), lists
+        first_job = cluster.created()[0]["metadata"]["name"]
+        assert ("DELETE", first_job) in {
+            (r[0], r[1].rsplit("/", 1)[-1]) for r in cluster.requests()
+        }
+        await first_line(grid, "ready for a line", what="the run started once the quota let it")
+        assert_started_on_its_first_attempt(grid, "later")
+        assert first_job not in cluster.jobs()
 
 
 def test_a_quota_refusal_is_read_from_the_job_controllers_event() -> None:

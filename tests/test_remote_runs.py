@@ -25,6 +25,7 @@ from gridd.runs.boxes import DirectoryBoxes
 from gridd.runs.mirror import RunMirror
 from gridd.runs.remote import RemoteExecutor
 from gridd.specs import PlanSpec, SessionStart, normalise_plan
+from tests.support.boxes import remove_boxes
 from tests.support.daemons import inprocess_daemon
 from tests.support.git import git_show
 from tests.support.processes import kill_workspace_agents
@@ -49,8 +50,7 @@ def boxes(tmp_path: Path) -> Iterator[DirectoryBoxes]:
     """The test's boxes; any left (boxes outlive a daemon, as containers do) go at the end."""
     engine = DirectoryBoxes(tmp_path / "boxes")
     yield engine
-    for box in engine.find({}):
-        engine.remove(box.name)
+    remove_boxes(engine)
 
 
 def config(**agents: list[str]) -> dict[str, object]:
@@ -179,8 +179,7 @@ async def test_an_answer_to_a_boxed_run_is_put_in_off_the_event_loop(
             assert not list((Path(agent.run_dir) / "outbox").iterdir())  # delivered, let go
     finally:
         kill_workspace_agents(repo)
-        for box in engine.find({}):
-            engine.remove(box.name)
+        remove_boxes(engine)
 
 
 ECHO = "import sys\nfor line in sys.stdin:\n    print('got', line.strip(), flush=True)\n"

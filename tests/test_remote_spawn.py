@@ -18,9 +18,10 @@ from gridd.grid import Grid
 from gridd.lifecycle import create_agent
 from gridd.model import Agent, AgentStatus
 from gridd.runs.boxes import BoxInfo, DirectoryBoxes
-from gridd.runs.executor import Launch
+from gridd.runs.executor import AgentHandle, Launch
 from gridd.runs.remote import RemoteExecutor, box_name
 from gridd.specs import PlanSpec, normalise_plan
+from tests.support.boxes import remove_boxes
 from tests.support.daemons import inprocess_daemon
 from tests.support.waits import until
 
@@ -43,49 +44,50 @@ class CountingBoxes(DirectoryBoxes):
 def boxes(tmp_path: Path) -> Iterator[CountingBoxes]:
     engine = CountingBoxes(tmp_path / "boxes")
     yield engine
-    for box in engine.find({}):
-        engine.remove(box.name)
+    remove_boxes(engine)
 
 
-def launch(repo: Path, tmp_path: Path, argv: list[str]) -> Launch:
-    return Launch(
-        run_dir=tmp_path / "runs" / "r1",
-        argv=argv,
-        cwd=repo,
-        env={"GRID_TASK_ID": "t1", "ANTHROPIC_API_KEY": "secret"},
-        stdin="null",
-        executor="directory",
+@pytest.fixture
+def executor(repo: Path, boxes: CountingBoxes) -> Iterator[RemoteExecutor]:
+    made = RemoteExecutor(boxes, workspace=repo)
+    yield made
+    made.close()
+
+
+async def spawn_sleeper(executor: RemoteExecutor, repo: Path, tmp_path: Path) -> AgentHandle:
+    """A run (``runs/r1``) of an agent that sleeps, with a model's key in its environment."""
+    return await executor.spawn(
+        Launch(
+            run_dir=tmp_path / "runs" / "r1",
+            argv=SLEEPER,
+            cwd=repo,
+            env={"GRID_TASK_ID": "t1", "ANTHROPIC_API_KEY": "secret"},
+            stdin="null",
+            executor="directory",
+        )
     )
 
 
 async def test_a_spawn_hears_the_agent_start_from_the_shims_news_without_an_exec(
-    repo: Path, tmp_path: Path, boxes: CountingBoxes
+    repo: Path, tmp_path: Path, boxes: CountingBoxes, executor: RemoteExecutor
 ) -> None:
-    executor = RemoteExecutor(boxes, workspace=repo)
-    try:
-        handle = await executor.spawn(launch(repo, tmp_path, SLEEPER))
-        assert handle.pid is not None and handle.exit_status() is None
-        assert boxes.execs == []  # no look was needed to know it runs
-        agent = json.loads((tmp_path / "runs" / "r1" / "agent.json").read_text())
-        assert agent["pid"] == handle.pid
-        # From then on the mirror's looks (execs) copy the run, as for any engine.
-        await until(lambda: "poll" in boxes.execs, what="the mirror's first look")
-    finally:
-        executor.close()
+    handle = await spawn_sleeper(executor, repo, tmp_path)
+    assert handle.pid is not None and handle.exit_status() is None
+    assert boxes.execs == []  # no look was needed to know it runs
+    agent = json.loads((tmp_path / "runs" / "r1" / "agent.json").read_text())
+    assert agent["pid"] == handle.pid
+    # From then on the mirror's looks (execs) copy the run, as for any engine.
+    await until(lambda: "poll" in boxes.execs, what="the mirror's first look")
 
 
 async def test_the_spec_and_what_else_goes_into_a_box_are_readable_by_their_owner_only(
-    repo: Path, tmp_path: Path, boxes: CountingBoxes
+    repo: Path, tmp_path: Path, boxes: CountingBoxes, executor: RemoteExecutor
 ) -> None:
-    executor = RemoteExecutor(boxes, workspace=repo)
-    try:
-        handle = await executor.spawn(launch(repo, tmp_path, SLEEPER))
-        box = boxes.base / json.loads((handle.run_dir / "remote.json").read_text())["box"]
-        assert "secret" in (box / "spec.json").read_text()  # the model's environment
-        for name in ("spec.json", "base.bundle", "boxshim.py"):
-            assert stat.S_IMODE((box / name).stat().st_mode) == 0o600, name
-    finally:
-        executor.close()
+    handle = await spawn_sleeper(executor, repo, tmp_path)
+    box = boxes.base / json.loads((handle.run_dir / "remote.json").read_text())["box"]
+    assert "secret" in (box / "spec.json").read_text()  # the model's environment
+    for name in ("spec.json", "base.bundle", "boxshim.py"):
+        assert stat.S_IMODE((box / name).stat().st_mode) == 0o600, name
 
 
 class SlowBoxes(DirectoryBoxes):

@@ -26,7 +26,7 @@ from gridd.lifecycle import move_agent
 from gridd.model import Agent, AgentStatus, TaskStatus, utcnow
 from gridd.pool.context import PoolContext
 from gridd.pool.monitoring import Monitor
-from gridd.runs.executor import AgentHandle
+from gridd.runs.executor import AgentHandle, running_fields
 from gridd.runs.watch import RunWatch
 
 log = logging.getLogger(__name__)
@@ -60,10 +60,7 @@ class Reattacher:
                 agent.id,
                 AgentStatus.RUNNING,
                 reason="adopted after a restart",
-                pid=handle.pid,
-                create_time=handle.create_time,
-                shim_pid=handle.shim_pid,
-                shim_create_time=handle.shim_create_time,
+                **running_fields(agent, handle),
             )
         profile = self.ctx.profiles.get(agent.profile)
         try:

@@ -34,7 +34,7 @@ from gridd.pool.monitoring import Monitor
 from gridd.pool.prompts import continuation_prompt, feedback_prompt, render_command
 from gridd.pool.rundirs import new_run
 from gridd.runs.egress import proxy_env
-from gridd.runs.executor import Launch, StartAbandoned
+from gridd.runs.executor import Launch, StartAbandoned, running_fields
 from gridd.runs.sandbox import sandbox_for
 from gridd.runs.watch import RunWatch
 
@@ -415,11 +415,7 @@ class Spawner:
                 agent_id,
                 AgentStatus.RUNNING,
                 reason="spawned",
-                pid=handle.pid,
-                create_time=handle.create_time,
-                shim_pid=handle.shim_pid,
-                shim_create_time=handle.shim_create_time,
-                **({"executor": {**agent.executor, **handle.where}} if agent.executor else {}),
+                **running_fields(agent, handle),
             )
             self.ctx.bus.publish(
                 "agent.spawned",

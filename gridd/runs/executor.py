@@ -109,6 +109,21 @@ class AgentHandle(Protocol):
     def write_stdin(self, text: str) -> None: ...
 
 
+def running_fields(agent: Agent, handle: AgentHandle) -> dict[str, Any]:
+    """What ``agent``'s record says of its run once ``handle`` has it running: the agent's
+    and its supervisor's (pid, create time), and for a run in a box where it was placed
+    (``AgentHandle.where``, merged into ``Agent.executor``)."""
+    fields: dict[str, Any] = {
+        "pid": handle.pid,
+        "create_time": handle.create_time,
+        "shim_pid": handle.shim_pid,
+        "shim_create_time": handle.shim_create_time,
+    }
+    if agent.executor:
+        fields["executor"] = {**agent.executor, **handle.where}
+    return fields
+
+
 class Executor(Protocol):
     """Starts, signals (through the handles it returns) and reattaches agents."""
 

@@ -7,4 +7,5 @@
 - ``processes``: agents, daemons and zombies seen from outside;
 - ``waits``: one ``wait_for`` (blocking) and one ``until`` (async);
 - ``git``: one ``git()`` runner.
+- ``boxes``: removing the boxes a test's engine made.
 """

@@ -16,7 +16,9 @@ error on either way ends both.
   ``splice`` still using it.
 - ``StreamRelay`` (elsewhere, macOS): a pair of ``asyncio.BufferedProtocol``s in the event
   loop; each end reads into a buffer of its own and writes to its peer's transport, whose
-  flow control pauses the reader.
+  flow control pauses the reader. An end made before the other (the client's transport
+  reads as soon as it is made) keeps its first read and pauses; the relay writes what both
+  kept, in order, before either writes anything else.
 """
 
 from __future__ import annotations
@@ -191,16 +193,17 @@ def _grow(pipe: int) -> bool:
 
 
 class _End(asyncio.BufferedProtocol):
-    """One end of a ``StreamRelay``: what it receives goes to its peer as it comes."""
+    """One end of a ``StreamRelay``: what it receives goes to its peer as it comes, once the
+    relay has started (both ends made); before, its first read is kept, and it pauses."""
 
     def __init__(self, relay: StreamRelay) -> None:
         self.relay = relay
         self.peer: _End | None = None
         self.transport: asyncio.Transport | None = None
         self.ended = False  # its far side sent EOF
+        self.held = False  # its peer has more to send than it should hold: not read now
         self.buffer = memoryview(bytearray(BUFFER))
-        #: Read before the other end was made (a transport may read before ``pause_reading``
-        #: in ``connection_made`` holds): written to it first, once it is.
+        #: What it read before the relay started: written to its peer first, in order.
         self.early: list[bytes] = []
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -210,20 +213,28 @@ class _End(asyncio.BufferedProtocol):
         # A copy: a transport may keep what it could not send yet by reference (Python
         # 3.12's write buffer does), and this buffer is read into again.
         data = bytes(self.buffer[:nbytes])
-        if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.write(data)
-        else:
-            self.early.append(data)
+        peer = self.peer
+        if self.relay.started and peer is not None and peer.transport is not None:
+            peer.transport.write(data)
+            return
+        # Not started: its peer's transport may be made already, but the other way's early
+        # reads are not written yet, nor this end's (``StreamRelay.run`` writes them all).
+        self.early.append(data)
+        if self.transport is not None:
+            self.transport.pause_reading()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # Not paused here, but at its first read (``buffer_updated``): a ``pause_reading``
+        # in ``connection_made`` does not hold on Python 3.11.2 (the transport starts
+        # reading anyway, CPython gh-103607) and leaves it taking itself for paused, so
+        # that the next ``pause_reading`` does nothing either.
         self.transport = cast(asyncio.Transport, transport)
-        self.transport.pause_reading()  # until both ends are made
 
     def eof_received(self) -> bool:
         self.ended = True
         peer = self.peer
-        if peer is not None and peer.transport is None:
-            return True  # passed on once the other end is made (``StreamRelay.run``)
+        if not self.relay.started:
+            return True  # passed on once the relay starts, after what came before it
         if peer is None or peer.transport is None or peer.transport.is_closing() or peer.ended:
             self.relay.close()
             return False
@@ -234,11 +245,14 @@ class _End(asyncio.BufferedProtocol):
 
     def pause_writing(self) -> None:
         if self.peer is not None and self.peer.transport is not None:
+            self.peer.held = True
             self.peer.transport.pause_reading()
 
     def resume_writing(self) -> None:
         if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.resume_reading()
+            self.peer.held = False
+            if self.relay.started:
+                self.peer.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.relay.lost()
@@ -252,6 +266,7 @@ class StreamRelay:
         self.sockets = (client, server)
         self.ends = (_End(self), _End(self))
         self.ends[0].peer, self.ends[1].peer = self.ends[1], self.ends[0]
+        self.started = False  # both ends made, and what they read before written on
         self._lost = 0
         self._over: asyncio.Future[None] | None = None
         self._aborted = False
@@ -265,18 +280,7 @@ class StreamRelay:
             await loop.create_connection(lambda: server_end, sock=server)
             if self._aborted:
                 self.close(abort=True)
-            for end in self.ends:
-                peer = end.peer
-                if peer is None or peer.transport is None or peer.transport.is_closing():
-                    continue
-                for data in end.early:  # read before the other end was made
-                    peer.transport.write(data)
-                end.early.clear()
-                if end.ended and peer.transport.can_write_eof():
-                    peer.transport.write_eof()
-            for end in self.ends:
-                if end.transport is not None and not end.transport.is_closing():
-                    end.transport.resume_reading()
+            self._start()
             await asyncio.shield(over)
         except BaseException:
             self.abort()
@@ -284,6 +288,26 @@ class StreamRelay:
                 if end.transport is None:
                     sock.close()  # never handed to a transport
             raise
+
+    def _start(self) -> None:
+        """Both ends are made: what each read before goes on (then its EOF), and both read
+        from now on, each unless its peer has too much to send (flow control)."""
+        for end in self.ends:
+            peer = end.peer
+            if peer is None or peer.transport is None or peer.transport.is_closing():
+                continue
+            for data in end.early:
+                peer.transport.write(data)
+            end.early.clear()
+            if end.ended and peer.transport.can_write_eof():
+                peer.transport.write_eof()
+        self.started = True
+        if all(end.ended for end in self.ends):
+            self.close()  # both ways were over before it started
+            return
+        for end in self.ends:
+            if end.transport is not None and not end.transport.is_closing() and not end.held:
+                end.transport.resume_reading()
 
     def abort(self) -> None:
         self._aborted = True

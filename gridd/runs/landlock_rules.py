@@ -396,6 +396,15 @@ def _checked(spare: Spare | None, sandbox: dict[str, object], hidden: list[str])
     return None
 
 
+def connect_ports(sandbox: dict[str, object]) -> list[int]:
+    """The TCP ports a run may connect to (its proxy's, ``allowlist`` only): the one list
+    Landlock's rules are made from and the shim's listener lets through
+    (``runs/refusals.py``)."""
+    if str(sandbox.get("network", "allow")) != "allowlist":
+        return []
+    return [int(p) for p in sandbox.get("connect_ports", ())]  # type: ignore[attr-defined]
+
+
 def enforce(sandbox: dict[str, object], spare: Spare | None = None) -> None:
     """Apply a run's sandbox (the spec's ``sandbox``: ``mode``, ``writable``, ``hidden``,
     ``appendable``, resolved absolute paths; ``network`` and its proxy's ``connect_ports``)
@@ -419,7 +428,6 @@ def enforce(sandbox: dict[str, object], spare: Spare | None = None) -> None:
     abi = _abi_for(sandbox)
     if (why := landlock.unavailable(mode, abi, network)) is not None:
         raise landlock.SandboxUnavailable(errno.ENOSYS, why)
-    ports = [int(p) for p in sandbox.get("connect_ports", ())]  # type: ignore[attr-defined]
     writable = [str(p) for p in sandbox.get("writable", ())]  # type: ignore[attr-defined]
     hidden = [str(p) for p in sandbox.get("hidden", ())]  # type: ignore[attr-defined]
     appendable = [str(p) for p in sandbox.get("appendable", ())]  # type: ignore[attr-defined]
@@ -457,7 +465,7 @@ def enforce(sandbox: dict[str, object], spare: Spare | None = None) -> None:
                 | landlock.MAKE_REG
                 | landlock.REMOVE_FILE,
             )
-        for port in ports if network == "allowlist" else ():
+        for port in connect_ports(sandbox):
             ruleset.allow_port(port)
         ruleset.restrict_self()
     finally:

@@ -135,8 +135,8 @@ def _become_subreaper() -> bool:
 
 def _preload() -> None:
     """Import ``ctypes`` (for ``_become_subreaper``), ``landlock`` with what it calls the
-    kernel with (``landlock.prepare``), ``landlock_rules`` and ``seccomp`` (for a sandboxed
-    run) ahead of need:
+    kernel with (``landlock.prepare``), ``landlock_rules``, ``seccomp`` and ``refusals``
+    (for a sandboxed run) ahead of need:
     a shim server before it forks any shim, a spare shim while it waits for its run. A
     first import of a module off the standard library's path costs ~1-2 ms (each path
     entry's directory is listed), on the spawn's clock when done after the fork."""
@@ -147,6 +147,8 @@ def _preload() -> None:
             _sandboxing("landlock").prepare()
             _sandboxing("landlock_rules")
             _sandboxing("seccomp")
+            _sandboxing("refusals")
+            import _socket  # noqa: F401  (the listener's way from the child: ``_spawn``)
         except ImportError:
             pass
 
@@ -356,7 +358,9 @@ def _spawn(spec: dict[str, object], stdin: int, out: int) -> int:
     with a ``sandbox`` is bound to it in the child, just before ``exec``: a kernel that
     cannot enforce it fails the start (``landlock.SandboxUnavailable``), never unconfined.
     On macOS the agent is executed through ``sandbox-exec`` with the sandbox's profile
-    (``seatbelt.command``), which applies it at that ``exec``."""
+    (``seatbelt.command``), which applies it at that ``exec``. A run without the network
+    gets the seccomp filter too (after Landlock), with a listener: the child sends it to
+    us (``_listener``) and closes its own before ``exec`` (``runs/refusals.py``)."""
     argv = [str(a) for a in spec["argv"]]  # type: ignore[attr-defined]
     env = {str(k): str(v) for k, v in spec["env"].items()}  # type: ignore[attr-defined]
     sandbox = spec.get("sandbox")
@@ -371,6 +375,11 @@ def _spawn(spec: dict[str, object], stdin: int, out: int) -> int:
     err_r, err_w = os.pipe()
     os.set_inheritable(err_w, False)
     fcntl.fcntl(err_w, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
+    pair = None
+    if seccomp is not None:
+        import _socket  # preloaded; not ``socket``, whose import costs milliseconds
+
+        pair = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)  # close-on-exec
     pid = os.fork()
     if pid == 0:  # the child: become the agent
         try:
@@ -379,13 +388,21 @@ def _spawn(spec: dict[str, object], stdin: int, out: int) -> int:
             os.dup2(stdin, 0)
             os.dup2(out, 1)
             os.dup2(out, 2)
-            kept = sorted({err_w, spare.ruleset.fd if spare is not None else err_w})
-            for low, high in zip([2, *kept], [*kept, 1 << 16], strict=True):
+            kept = {err_w, spare.ruleset.fd if spare is not None else err_w}
+            if pair is not None:
+                pair[0].close()
+                kept.add(pair[1].fileno())
+            for low, high in zip([2, *sorted(kept)], [*sorted(kept), 1 << 16], strict=True):
                 os.closerange(low + 1, high)
             if rules is not None:
                 rules.enforce(sandbox, spare)
-                if seccomp is not None and (why := seccomp.close_datagrams()) is not None:
+            if pair is not None:
+                listener: list[int] = []
+                if (why := seccomp.close_datagrams(listener)) is not None:  # type: ignore[union-attr]
                     raise _sandboxing("landlock").SandboxUnavailable(errno.ENOSYS, why)
+                rights = listener[0].to_bytes(4, sys.byteorder)
+                pair[1].sendmsg([b"L"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)])
+                os.close(listener[0])  # the agent never holds it
             try:
                 os.execvpe(argv[0], argv, env)
             except OSError as exc:
@@ -396,12 +413,16 @@ def _spawn(spec: dict[str, object], stdin: int, out: int) -> int:
         finally:
             os._exit(127)
     os.close(err_w)
+    if pair is not None:
+        pair[1].close()
     if spare is not None:
         spare.close()  # the child's now
     failure = b""
     while chunk := os.read(err_r, 4096):
         failure += chunk
     os.close(err_r)
+    if pair is not None:
+        _take_listener(pair[0], failure)
     if failure:
         os.waitpid(pid, 0)
         errno_text, _, message = failure.decode(errors="replace").partition(":")
@@ -409,7 +430,26 @@ def _spawn(spec: dict[str, object], stdin: int, out: int) -> int:
     return pid
 
 
+def _take_listener(ours: object, failure: bytes) -> None:
+    """The seccomp listener the child sent (``_spawn``), into ``_listener``; closed at once
+    when the start failed."""
+    import _socket
+
+    try:
+        _msg, ancillary, _flags, _addr = ours.recvmsg(1, _socket.CMSG_SPACE(4))  # type: ignore[attr-defined]
+    finally:
+        ours.close()  # type: ignore[attr-defined]
+    for level, kind, data in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS and len(data) >= 4:
+            fd = int.from_bytes(data[:4], sys.byteorder)
+            if failure:
+                os.close(fd)
+            else:
+                _listener.append(fd)
+
+
 _ready: list[int] = []  # our end of the daemon's "it is running" pipe, until released
+_listener: list[int] = []  # the agent's seccomp listener (``_spawn``), for ``refusals``
 _holder: list[int] = []  # our writer on the agent's stdin FIFO, until the daemon closes it
 
 
@@ -580,6 +620,7 @@ def _run(run_dir: str) -> int:
         durable=False,  # if the machine goes down, the agent goes with it
     )
     _release()
+    supervisor = _supervise(run_dir, spec)
 
     def forward(signum: int, _frame: object) -> None:
         try:
@@ -598,6 +639,8 @@ def _run(run_dir: str) -> int:
     end_leftovers(
         None if contained else pid
     )  # before exit.json: nothing of the run writes after it says it ended
+    if supervisor is not None:
+        supervisor.flush(final=True)  # what was held back is said before the end
     try:
         _write_exit(
             run_dir,
@@ -612,6 +655,25 @@ def _run(run_dir: str) -> int:
             raise
         # The run directory went with the workspace: no one is left to read it.
     return 0
+
+
+def _supervise(run_dir: str, spec: dict[str, object]):  # type: ignore[no-untyped-def]
+    """Answer the agent's seccomp listener in a thread (``refusals.Supervisor``), once
+    the daemon heard the agent start: off the spawn's clock. None without a listener."""
+    if not _listener:
+        return None
+    import _thread
+
+    refusals = _sandboxing("refusals")
+    sandbox = spec.get("sandbox")
+    ports = _sandboxing("landlock_rules").connect_ports(
+        sandbox if isinstance(sandbox, dict) else {}
+    )
+    supervisor = refusals.Supervisor(
+        _listener.pop(), os.path.join(run_dir, refusals.DENIED_FILE), ports
+    )
+    _thread.start_new_thread(supervisor.serve, ())
+    return supervisor
 
 
 def _wait_for(agent: int) -> int:

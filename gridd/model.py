@@ -132,6 +132,8 @@ class Agent(WireModel):
     cost_usd: float | None = None
     result: str | None = None
     heartbeat_offset: int = 0
+    #: How much of its ``denied.ndjson`` is published (``agent.sandbox_denied``).
+    denied_offset: int = 0
     waiting_since: datetime | None = None
     status_reason: str | None = None  # set only by gridd.lifecycle: why this status
     # What a user (or the daemon) wants done to it: "stop" or "kill". Recorded first and

@@ -2,7 +2,10 @@
 kernel (Landlock's TCP rules) refuses every TCP connection but the one to its run's
 filtering proxy, the proxy refuses every host not listed (403, ``agent.sandbox_denied``) and
 lets the listed ones through; the agent cannot call the daemon's API over its socket, and a
-set-user-ID program gains it nothing (``no_new_privs``).
+set-user-ID program gains it nothing (``no_new_privs``). What the kernel refuses (a direct
+connection, a listener, a datagram or ICMP socket) is an ``agent.sandbox_denied`` event
+too (the shim's seccomp listener: ``runs/refusals.py``), rate-limited, published once
+across a daemon restart; the agent never holds the listener.
 
 Real daemon, real shims, real processes and sockets on this kernel; every attack is also run
 with the sandbox off (the control), where it works, so the tests prove the sandbox did it.
@@ -18,13 +21,14 @@ import socket
 import subprocess
 import tempfile
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gridd.client import GridClient
-from gridd.runs import egress, landlock
+from gridd.runs import egress, landlock, refusals
 from tests.support.api import wait_task_status
 from tests.support.cli import GRIDCTL, gridctl
 from tests.support.daemons import core_daemon, restartable_daemon
@@ -155,6 +159,27 @@ def _run(c: GridClient, status: str = "review") -> dict[str, object]:
     return wait_task_status(c, "net", status, timeout=60)
 
 
+def _kernel(denied: list[dict[str, object]]) -> list[tuple[object, object]]:
+    """The refusals the kernel made (not the proxy's ``network`` ones), as (kind, target)."""
+    return [(d["kind"], d["target"]) for d in denied if d["kind"] != "network"]
+
+
+def _counted(denied: list[dict[str, object]]) -> int:
+    """How many refusals these events stand for: each, and those it says were held back."""
+    return sum(1 + int(str(d["unreported"])) for d in denied)
+
+
+#: What the ICMP attack's refused ``socket()`` is called (``network_attacks._raw``).
+ICMP = "raw" if os.geteuid() == 0 else "icmp"
+
+
+def _started(c: GridClient, title: str) -> dict[str, object]:
+    """The task ``net`` started in a session, and its agent once it runs."""
+    c.post("/tasks", {"id": "net", "title": title, "maxAttempts": 1})
+    c.post("/session/start", {"maxAgents": 1})
+    return wait_for(lambda: [a for a in c.get("/agents") if a["pid"]], timeout=30)[0]
+
+
 def _verdicts(result: dict[str, str]) -> dict[str, str]:
     return {name: outcome.split(":")[0] for name, outcome in result.items()}
 
@@ -189,10 +214,18 @@ def test_an_allowlisted_sandbox_reaches_only_its_hosts_and_reports_the_rest(
         assert "sandboxed" in result["daemon_socket"] or "403" in result["daemon_socket"], result
     target = f"127.0.0.1:{forbidden.port}"
     # The agent and its grandchild each asked the proxy once for the forbidden listener.
-    assert [(d["target"], d["kind"], d["taskId"]) for d in denied] == [
-        (target, "network", "net")
+    assert [(d["target"], d["taskId"]) for d in denied if d["kind"] == "network"] == [
+        (target, "net")
     ] * 2, denied
-    assert all(d["agentId"] == agent["id"] for d in denied)
+    assert all(d["agentId"] == agent["id"] and d["taskId"] == "net" for d in denied)
+    # And each was refused by the kernel a direct connection, a listener, a datagram socket
+    # and an ICMP one: every one of them an event (the connection to the proxy is not).
+    assert Counter(_kernel(denied)) == {
+        ("connect", target): 2,
+        ("bind", "127.0.0.1:0"): 2,
+        ("socket", "udp"): 2,
+        ("socket", ICMP): 2,
+    }, denied
     assert forbidden.datagrams == [], "a datagram got past the sandbox"
 
 
@@ -220,7 +253,21 @@ def test_a_sandbox_without_network_reaches_nothing_over_tcp_udp_or_icmp(
         c = daemon.client()
         _run(c)
         (agent,) = c.get("/agents", params={"all": "1"})
+        denied = [e.data for e in event_log(c, types={"agent.sandbox_denied"})]
     assert agent["sandbox"]["network"] == "none" and "proxyPort" not in agent["sandbox"]
+    # Seven refusals each for the agent and its grandchild (four TCP connections, a
+    # listener, a datagram socket, an ICMP one): the shim writes eight lines a minute and
+    # says the rest with the last, at the run's end; every kind is among them.
+    forbidden, allowed = (f"127.0.0.1:{h.port}" for h in listeners)
+    assert _counted(denied) == 14, denied
+    assert len(denied) == refusals.BURST + 1, denied
+    assert set(_kernel(denied)) == {
+        ("connect", forbidden),
+        ("connect", allowed),
+        ("bind", "127.0.0.1:0"),
+        ("socket", "udp"),
+        ("socket", ICMP),
+    }, denied
     for who, result in _results(repo).items():
         assert _verdicts(result) == dict.fromkeys(ATTACKS + REACHES, "denied"), (who, result)
         assert "Permission denied" in result["proxy_allowed"], result
@@ -279,9 +326,7 @@ def test_a_restarted_daemon_opens_a_running_agents_proxy_again_on_its_port(
     )
     with restartable_daemon(repo) as grid:
         c = grid.client()
-        c.post("/tasks", {"id": "net", "title": "restart", "maxAttempts": 1})
-        c.post("/session/start", {"maxAgents": 1})
-        before = wait_for(lambda: [a for a in c.get("/agents") if a["pid"]], timeout=30)[0]
+        before = _started(c, "restart")
         log = Path(before["runDir"]) / "output.log"
         wait_for(lambda: "before" in log.read_text(), timeout=30, message="the first ask")
         grid.kill9()
@@ -349,6 +394,10 @@ def test_gridctl_logs_follow_says_what_the_sandbox_refused(
             "s=socket.create_connection((p.hostname,p.port),timeout=5)",
             f"s.sendall(b'CONNECT 127.0.0.1:{forbidden.port} HTTP/1.1\\r\\n\\r\\n')",
             "print('asked', s.recv(100).split(b'\\r\\n')[0].decode(), flush=True)",
+            "try:",
+            f"    socket.create_connection(('127.0.0.1', {forbidden.port}), timeout=5)",
+            "except OSError as exc:",
+            "    print('direct', exc.strerror, flush=True)",
         ]
     )
     write_core_config(
@@ -358,9 +407,7 @@ def test_gridctl_logs_follow_says_what_the_sandbox_refused(
     )
     with core_daemon(repo) as daemon:
         c = daemon.client()
-        c.post("/tasks", {"id": "net", "title": "follow", "maxAttempts": 1})
-        c.post("/session/start", {"maxAgents": 1})
-        agent = wait_for(lambda: [a for a in c.get("/agents") if a["pid"]], timeout=30)[0]
+        agent = _started(c, "follow")
         log = Path(agent["runDir"]) / "output.log"
         wait_for(lambda: "ready" in log.read_text(), timeout=30, message="the agent to be ready")
         follower = subprocess.Popen(
@@ -378,7 +425,126 @@ def test_gridctl_logs_follow_says_what_the_sandbox_refused(
         finally:
             follower.kill()
     assert "asked HTTP/1.1 403 Forbidden" in out, out
+    assert "direct Permission denied" in out, out
     assert f"gridctl: sandbox refused network 127.0.0.1:{forbidden.port}\n" in err, err
+    # The kernel's refusal of the direct connection too (the shim's listener saw it).
+    assert f"gridctl: sandbox refused connect 127.0.0.1:{forbidden.port}\n" in err, err
+
+
+def _no_network(repo: Path, probe: list[str]) -> None:
+    write_core_config(
+        repo,
+        agents={
+            "boxed": {
+                "command": ["python3", "-c", "\n".join(probe)],
+                "sandbox": {"mode": "workspace", "network": "none"},
+            }
+        },
+        scheduler={"default_agent": "boxed"},
+    )
+
+
+def _fds(pid: int | str) -> list[str]:
+    """What each of a process's descriptors is (``/proc/<pid>/fd``)."""
+    found = []
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            found.append(os.readlink(f"/proc/{pid}/fd/{name}"))
+        except OSError:
+            continue  # closed meanwhile
+    return found
+
+
+LISTENER = "anon_inode:seccomp notify"
+
+
+def test_a_loop_of_refused_connections_is_a_bounded_record_and_only_the_shim_holds_it(
+    repo: Path, listeners: tuple[Hello, Hello]
+) -> None:
+    """500 refused connections: a few lines in ``denied.ndjson`` and as many events, the
+    last saying how many were held back; the seccomp listener is the shim's, never the
+    agent's."""
+    forbidden, _ = listeners
+    _no_network(
+        repo,
+        [
+            "import os,socket,time",
+            "print('fds', *[os.readlink(f'/proc/self/fd/{n}') for n in os.listdir('/proc/self/fd')"
+            " if os.path.exists(f'/proc/self/fd/{n}')], sep='|', flush=True)",
+            "for _ in range(500):",
+            "    try:",
+            f"        socket.create_connection(('127.0.0.1', {forbidden.port}), timeout=5)",
+            "    except PermissionError:",
+            "        pass",
+            "print('looped', flush=True)",
+            "while not os.path.exists('end'): time.sleep(0.05)",
+        ],
+    )
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        agent = _started(c, "loop")
+        log = Path(agent["runDir"]) / "output.log"
+        wait_for(lambda: "looped" in log.read_text(), timeout=60, message="the loop")
+        held_by = {"shim": _fds(agent["shimPid"]), "agent": _fds(agent["pid"])}
+        (Path(agent["worktreePath"]) / "end").touch()
+        wait_task_status(c, "net", "review", timeout=60)
+        denied = [e.data for e in event_log(c, types={"agent.sandbox_denied"})]
+    assert held_by["shim"].count(LISTENER) == 1, held_by
+    assert LISTENER not in held_by["agent"], held_by
+    printed = next(line for line in log.read_text().splitlines() if line.startswith("fds|"))
+    assert LISTENER not in printed.split("|"), printed  # nor at its start
+    lines = (Path(agent["runDir"]) / refusals.DENIED_FILE).read_text().splitlines()
+    assert len(lines) == refusals.BURST + 1, lines  # the last one at the run's end
+    assert sum(1 + json.loads(line)["unreported"] for line in lines) == 500, lines
+    assert set(_kernel(denied)) == {("connect", f"127.0.0.1:{forbidden.port}")}, denied
+    assert len(denied) == refusals.BURST + 1 and _counted(denied) == 500, denied
+    assert int(str(denied[-1]["unreported"])) == 500 - refusals.BURST - 1, denied
+
+
+def test_refusals_made_while_the_daemon_is_away_are_published_once_when_it_returns(
+    repo: Path, listeners: tuple[Hello, Hello]
+) -> None:
+    """One refusal published, the daemon killed, another made meanwhile: the restarted
+    daemon publishes the second, and not the first again (``denied_offset``)."""
+    first, second = (f"127.0.0.1:{h.port}" for h in listeners)
+    _no_network(
+        repo,
+        [
+            "import os,socket,time",
+            "def knock(port):",
+            "    try:",
+            "        socket.create_connection(('127.0.0.1', port), timeout=5)",
+            "    except PermissionError as exc:",
+            "        print('refused', port, flush=True)",
+            f"knock({listeners[0].port})",
+            "while not os.path.exists('go'): time.sleep(0.05)",
+            f"knock({listeners[1].port})",
+            "while not os.path.exists('end'): time.sleep(0.05)",
+        ],
+    )
+    kinds = {"agent.sandbox_denied"}
+    with restartable_daemon(repo) as grid:
+        c = grid.client()
+        before = _started(c, "restart")
+        wait_for(lambda: event_log(c, types=kinds), timeout=30, message="the first refusal")
+        grid.kill9()
+        denied_file = Path(before["runDir"]) / refusals.DENIED_FILE
+        (Path(before["worktreePath"]) / "go").touch()
+        wait_for(
+            lambda: len(denied_file.read_text().splitlines()) == 2,
+            timeout=30,
+            message="the second refusal, recorded by the shim",
+        )
+        grid.start()
+        after = wait_for(lambda: [a for a in c.get("/agents") if a["pid"]], timeout=30)[0]
+        assert after["pid"] == before["pid"]
+        wait_for(
+            lambda: len(event_log(c, types=kinds)) >= 2, timeout=30, message="the second event"
+        )
+        (Path(after["worktreePath"]) / "end").touch()
+        wait_task_status(c, "net", "review", timeout=60)
+        denied = [e.data for e in event_log(c, types=kinds)]
+    assert _kernel(denied) == [("connect", first), ("connect", second)], denied
 
 
 def test_a_run_holds_at_most_its_share_of_proxy_connections() -> None:

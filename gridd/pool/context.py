@@ -49,6 +49,22 @@ class PoolContext:
             stall_kill=sched.stall_kill_seconds,
         )
 
+    def sandbox_denied(self, agent_id: str, kind: str, target: str, unreported: int) -> None:
+        """Publish a refusal of the run's sandbox (already let through its rate limit,
+        ``egress.DenialLimit``): its proxy's (``kind`` ``network``) or its kernel's
+        (``connect``, ``bind``, ``socket``: ``runs/refusals.py``)."""
+        agent = self.state.agents.get(agent_id)
+        self.bus.publish(
+            "agent.sandbox_denied",
+            {
+                "agentId": agent_id,
+                "taskId": agent.task_id if agent is not None else None,
+                "kind": kind,
+                "target": target,
+                "unreported": unreported,
+            },
+        )
+
     def started(self, agent_id: str) -> float:
         """When the agent started (monotonic), as far as this daemon knows."""
         return self.roster.started_mono.get(agent_id, time.monotonic())

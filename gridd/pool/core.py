@@ -79,7 +79,10 @@ class AgentPool:
         self.roster.restore_backoffs(list(state.tasks.values()))
         self.bus = bus
         #: Each sandboxed run's filtering proxy (``network = "allowlist"``).
-        self.egress = EgressProxies(self._sandbox_denied, spawn=background.spawn)
+        self.egress = EgressProxies(
+            lambda agent_id, target, held: ctx.sandbox_denied(agent_id, "network", target, held),
+            spawn=background.spawn,
+        )
         ctx = PoolContext(
             workspace=workspace,
             settings=settings,
@@ -121,20 +124,6 @@ class AgentPool:
         )
         self.reattacher = Reattacher(ctx, monitor=self.monitor)
         self.claimers: dict[str, Claimer] = self.spawner.claimers
-
-    def _sandbox_denied(self, agent_id: str, target: str, unreported: int) -> None:
-        """A run's proxy refused a host (``runs/egress.py``, rate-limited there)."""
-        agent = self.state.agents.get(agent_id)
-        self.bus.publish(
-            "agent.sandbox_denied",
-            {
-                "agentId": agent_id,
-                "taskId": agent.task_id if agent is not None else None,
-                "kind": "network",
-                "target": target,
-                "unreported": unreported,
-            },
-        )
 
     # -- the roster, read-only (the scheduler, the commands, /metrics) ---------------------------
 

@@ -9,6 +9,8 @@ their events. Questions go to the question book, or are answered by the adapter 
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from gridd.adapters import base
 from gridd.errors import GriddError
 from gridd.model import Agent, utcnow
@@ -75,6 +77,8 @@ class RunReader:
             )
         for warning in polled.warnings:
             self.ctx.bus.publish("agent.warning", {"agentId": agent_id, "warning": warning})
+        if polled.denials:
+            self._denied(agent_id, run, polled)
         for sig in polled.signals:
             self._signal(agent, run, sig, changes)
         if polled.life and agent.stalled:
@@ -88,6 +92,25 @@ class RunReader:
             self.ctx.state.update_agent(agent_id, persist=persist, **changes)
         if run.adapter.ends_on_result and not run.session_ended and run.adapter.idle():
             self.stopper.end_conversation(agent_id, run)
+
+    def _denied(self, agent_id: str, run: RunWatch, polled: Poll) -> None:
+        """What the kernel refused the run (the shim's ``denied.ndjson``): each line through
+        the run's rate limit (the proxy's too, ``egress.DenialLimit``), published as
+        ``agent.sandbox_denied`` in the transaction that records how far the file is read
+        (``denied_offset``): a restarted daemon publishes exactly the rest."""
+        limit = self.ctx.egress.limit
+        store = self.ctx.state.store
+        try:
+            with nullcontext() if store.in_transaction else store.transaction():
+                for denial in polled.denials:
+                    said = limit.take(agent_id, unreported=denial.unreported)
+                    if said is not None:
+                        self.ctx.sandbox_denied(agent_id, denial.kind, denial.target, said)
+                self.ctx.state.update_agent(agent_id, denied_offset=run.denied.offset)
+        except BaseException:
+            # Not recorded (a full disk): read again from what was, next time.
+            run.denied.offset = self.ctx.state.agents[agent_id].denied_offset
+            raise
 
     def _signal(
         self, agent: Agent, run: RunWatch, sig: base.Signal, changes: dict[str, object]

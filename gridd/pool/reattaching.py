@@ -69,7 +69,12 @@ class Reattacher:
             adapter = get_adapter("heartbeat")
         if argv := _spec_argv(Path(agent.run_dir)):
             adapter.adopt(argv)  # e.g. codex's model, for its price
-        run = RunWatch(Path(agent.run_dir), adapter, heartbeat_offset=agent.heartbeat_offset)
+        run = RunWatch(
+            Path(agent.run_dir),
+            adapter,
+            heartbeat_offset=agent.heartbeat_offset,
+            denied_offset=agent.denied_offset,
+        )
         if adapter.ends_on_result:
             # It may have said its final word before we died: know it, to end the run.
             run.replay(agent.output_seq)

@@ -120,16 +120,18 @@ class DenialLimit:
         self._sent: dict[str, list[float]] = {}
         self._held: dict[str, int] = {}
 
-    def take(self, run: str, now: float | None = None) -> int | None:
-        """None: hold this one back; else report it, with how many were held before it."""
+    def take(self, run: str, now: float | None = None, *, unreported: int = 0) -> int | None:
+        """None: hold this one back; else report it, with how many were held before it.
+        ``unreported``: refusals this one stands for besides itself (the shim's count of
+        those it held back: ``runs/refusals.py``), held or said with it."""
         now = time.monotonic() if now is None else now
         sent = [t for t in self._sent.get(run, ()) if now - t < self.window]
         if len(sent) >= self.burst:
             self._sent[run] = sent
-            self._held[run] = self._held.get(run, 0) + 1
+            self._held[run] = self._held.get(run, 0) + 1 + unreported
             return None
         self._sent[run] = [*sent, now]
-        return self._held.pop(run, 0)
+        return self._held.pop(run, 0) + unreported
 
     def forget(self, run: str) -> None:
         self._sent.pop(run, None)

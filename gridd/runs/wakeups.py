@@ -49,7 +49,10 @@ log = logging.getLogger(__name__)
 
 #: The files in a run directory whose change means there is data to read...
 BEATS_FILE = b"heartbeat.ndjson"
-DATA_FILES = frozenset({b"output.log", BEATS_FILE})
+#: The shim's record of what the kernel refused the run (``runs/refusals.py``): looked at
+#: with the heartbeats.
+DENIED_FILE = b"denied.ndjson"
+DATA_FILES = frozenset({b"output.log", BEATS_FILE, DENIED_FILE})
 #: ... and the one whose arrival means the run may have ended (the shim renames it in).
 EXIT_FILE = b"exit.json"
 RUN_FILES = frozenset({n.decode() for n in (*DATA_FILES, EXIT_FILE)})
@@ -88,8 +91,9 @@ class Wakeup:
     counts: WakeCounts = field(default_factory=WakeCounts)
     shim_gone: bool = False
     exit_due: bool = True
-    #: Whether ``heartbeat.ndjson`` may hold something new: a look skips the file (a
-    #: ``stat`` of a file most agents never write) when only ``output.log`` was notified.
+    #: Whether ``heartbeat.ndjson`` (or ``denied.ndjson``) may hold something new: a look
+    #: skips them (a ``stat`` of files most agents never write) when only ``output.log``
+    #: was notified.
     beats_due: bool = True
     _event: asyncio.Event = field(default_factory=asyncio.Event)
     _watch: Any = None  # asyncinotify.Watch
@@ -364,7 +368,7 @@ class Wakeups:
                     continue
                 if name in DATA_FILES:
                     data[wd] = found
-                    if name == BEATS_FILE:
+                    if name in (BEATS_FILE, DENIED_FILE):
                         found.beats_due = True
                 elif name == EXIT_FILE:
                     found.exit_due = True

@@ -1,5 +1,6 @@
 """Everything read from one agent run: output chunks, heartbeats, and what the adapter
-makes of them; plus when the run last showed a sign of life.
+makes of them, the refusals its sandbox's kernel made (``denied.ndjson``, written by the
+shim: ``runs/refusals.py``); plus when the run last showed a sign of life.
 
 Pure bookkeeping over the run directory's files (no events, no state): the pool polls it
 and decides what to publish.
@@ -7,6 +8,7 @@ and decides what to publish.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -16,8 +18,54 @@ from pathlib import Path
 from gridd.adapters import base
 from gridd.adapters.beat import Beat, HeartbeatReader
 from gridd.runs.output import Chunk, OutputLog
+from gridd.runs.refusals import DENIED_FILE
 
 MAX_SUMMARY = 4000
+
+
+@dataclass(frozen=True)
+class Denial:
+    """A refusal of the run's sandbox, as the shim recorded it: ``kind`` (``connect``,
+    ``bind``, ``socket``), ``target``, and how many it held back before this one."""
+
+    kind: str
+    target: str
+    unreported: int = 0
+
+
+class DeniedReader:
+    """New complete lines of ``denied.ndjson``, from a persisted byte offset (the shim
+    writes at most a few lines a minute: the file is read whole past the offset)."""
+
+    def __init__(self, path: Path, offset: int = 0) -> None:
+        self.path = str(path)
+        self.offset = offset
+
+    def size(self) -> int:
+        try:
+            return os.stat(self.path).st_size
+        except FileNotFoundError:
+            return 0
+
+    def poll(self) -> list[Denial]:
+        size = self.size()
+        if size <= self.offset:
+            return []
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            data = fh.read(size - self.offset)
+        end = data.rfind(b"\n")
+        if end < 0:
+            return []  # the shim's line is half written: the rest comes
+        self.offset += end + 1
+        found = []
+        for line in data[:end].splitlines():
+            try:
+                doc = json.loads(line)
+                found.append(Denial(str(doc["kind"]), str(doc["target"]), int(doc["unreported"])))
+            except (ValueError, KeyError, TypeError):
+                continue  # not the shim's (a torn write after a full disk): nothing to say
+        return found
 
 
 @dataclass
@@ -26,6 +74,7 @@ class Poll:
     beats: list[Beat] = field(default_factory=list)
     signals: list[base.Signal] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    denials: list[Denial] = field(default_factory=list)
 
     @property
     def life(self) -> bool:
@@ -33,9 +82,17 @@ class Poll:
 
 
 class RunWatch:
-    def __init__(self, run_dir: Path, adapter: base.Adapter, *, heartbeat_offset: int = 0) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        adapter: base.Adapter,
+        *,
+        heartbeat_offset: int = 0,
+        denied_offset: int = 0,
+    ) -> None:
         self.output = OutputLog(run_dir)
         self.heartbeats = HeartbeatReader(run_dir / "heartbeat.ndjson", heartbeat_offset)
+        self.denied = DeniedReader(run_dir / DENIED_FILE, denied_offset)
         self.adapter = adapter
         self.last_life: float | None = None
         # What the run has told us so far (the outcome reads these at exit).
@@ -85,6 +142,8 @@ class RunWatch:
         published again): the safety-net sweep's question, two ``stat`` calls."""
         if self.pending or self.held is not None or self.output.size() > self.output.offset:
             return True
+        if self.denied.size() > self.denied.offset:
+            return True
         try:
             return os.stat(self.heartbeats.path).st_size > self.heartbeats.offset
         except FileNotFoundError:
@@ -97,7 +156,7 @@ class RunWatch:
 
     def poll(self, *, final: bool = False, beats: bool = True) -> Poll:
         """What the run wrote since the last look. ``beats=False``: only ``output.log``
-        was notified, the heartbeat file is not looked at this time."""
+        was notified, the heartbeat and refusal files are not looked at this time."""
         held, self.held = self.held, None
         result = Poll()
         result.chunks = self.pending + self.output.poll(final=final)
@@ -107,6 +166,7 @@ class RunWatch:
         new_beats, warnings = self.heartbeats.poll() if beats or final else ([], [])
         result.beats = new_beats
         result.warnings = warnings
+        result.denials = self.denied.poll() if beats or final else []
         for beat in new_beats:
             if beat.message:
                 self.summary = beat.message[-MAX_SUMMARY:]
@@ -123,6 +183,7 @@ class RunWatch:
                 beats=held.beats + result.beats,
                 signals=held.signals + result.signals,
                 warnings=held.warnings + result.warnings,
+                denials=held.denials + result.denials,
             )
         return result
 

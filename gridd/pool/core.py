@@ -79,11 +79,8 @@ class AgentPool:
         self.roster.restore_backoffs(list(state.tasks.values()))
         self.bus = bus
         #: Each sandboxed run's filtering proxy (``network = "allowlist"``).
-        self.egress = EgressProxies(
-            lambda agent_id, target, held: ctx.sandbox_denied(agent_id, "network", target, held),
-            spawn=background.spawn,
-        )
-        ctx = PoolContext(
+        self.egress = EgressProxies(self._sandbox_denied, spawn=background.spawn)
+        self.ctx = ctx = PoolContext(
             workspace=workspace,
             settings=settings,
             profiles=self.profiles,
@@ -124,6 +121,10 @@ class AgentPool:
         )
         self.reattacher = Reattacher(ctx, monitor=self.monitor)
         self.claimers: dict[str, Claimer] = self.spawner.claimers
+
+    def _sandbox_denied(self, agent_id: str, target: str, unreported: int) -> None:
+        """A run's proxy refused a host (``runs/egress.py``, rate-limited there)."""
+        self.ctx.sandbox_denied(agent_id, "network", target, unreported)
 
     # -- the roster, read-only (the scheduler, the commands, /metrics) ---------------------------
 

@@ -149,6 +149,8 @@ def _preload() -> None:
             _sandboxing("seccomp")
             _sandboxing("refusals")
             import _socket  # noqa: F401  (the listener's way from the child: ``_spawn``)
+            import _thread  # noqa: F401  (and its supervisor's: ``_supervise``)
+            import select  # noqa: F401
         except ImportError:
             pass
 

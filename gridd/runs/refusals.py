@@ -42,9 +42,10 @@ publishes ``agent.sandbox_denied`` through the same rate limit as the proxy's re
 (``egress.DenialLimit``): exactly once across a daemon restart.
 
 An agent cannot install a seccomp listener of its own (the kernel refuses a second one in
-a process's filter chain, ``EBUSY``). The in-box shim (``runs/boxshim.py``: podman,
-Kubernetes) applies no sandbox, so none of this applies there; on macOS Seatbelt refuses
-and the system log has it, not gridd.
+a process's filter chain, ``EBUSY``). The box executors (podman, Kubernetes: the in-box
+shim, ``runs/boxshim.py``) take no sandboxed profile (``sandbox_unavailable``: the box is
+the isolation), so none of this applies there; on macOS Seatbelt refuses and the system
+log has it, not gridd.
 """
 
 from __future__ import annotations
@@ -142,15 +143,21 @@ class Supervisor:
         import select
 
         _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
-        poller = select.poll()
-        poller.register(self.listener, select.POLLIN)
-        while True:
-            for _fd, mask in poller.poll(self._due_ms()):
-                if mask & select.POLLIN:
-                    self._one(_socket.inet_ntop)
-                elif mask & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
-                    return  # no process of the run is left to ask
-            self.flush(final=False)
+        try:
+            poller = select.poll()
+            poller.register(self.listener, select.POLLIN)
+            while True:
+                for _fd, mask in poller.poll(self._due_ms()):
+                    if mask & select.POLLIN:
+                        self._one(_socket.inet_ntop)
+                    elif mask & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                        return  # no process of the run is left to ask
+                self.flush(final=False)
+        except Exception as exc:  # a bug: never leave the agent's calls waiting for us
+            os.write(2, f"gridd shim: seccomp listener failed: {exc!r}\n".encode())
+        finally:
+            # Closed, every call still waiting, and every later one, fails (ENOSYS).
+            os.close(self.listener)
 
     def _due_ms(self) -> int | None:
         """How long until a held-back count can be written (None: nothing held)."""

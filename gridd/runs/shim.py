@@ -23,6 +23,11 @@ never be reattached: ``WorkspaceWatch`` stops its agent after the spec's ``orpha
 It starts on every spawn, so it imports only modules built into the interpreter
 (``marshal``, ``_signal``, no ``json`` or ``subprocess``; ``ctypes``, for ``prctl``, is
 imported ahead of need): that is the difference between ~8 ms and ~20 ms of start-up.
+
+A run whose sandbox has no network (``none``, ``allowlist``) is watched by a thread of the
+shim too: the seccomp listener's supervisor (``runs/refusals.py``), which answers the
+agent's refused sockets, connections and listeners and records them in ``denied.ndjson``
+(``agent.sandbox_denied``). It starts once the daemon heard the agent start.
 """
 
 from __future__ import annotations

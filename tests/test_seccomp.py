@@ -17,6 +17,7 @@ import os
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -216,6 +217,38 @@ def _knock(allowed: int, refused: int, unix: str) -> dict[str, str]:
     return seen
 
 
+def _with_listener(
+    attempts: Callable[[], dict[str, str]], serve: Callable[[int], None]
+) -> dict[str, str]:
+    """A forked child installs the filter with a listener and sends it here; once
+    ``serve(listener)`` returned, the child makes its ``attempts`` and says what came of
+    them."""
+    ours, theirs = socket.socketpair()
+    read, write = os.pipe()
+    go_read, go_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child reports through the pipe)
+        try:
+            listener: list[int] = []
+            why = seccomp.close_datagrams(listener)
+            if why is None:
+                socket.send_fds(theirs, [b"L"], listener)
+                os.close(listener[0])
+                os.read(go_read, 1)
+            os.write(write, json.dumps(why or attempts()).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    _msg, (fd,), _flags, _addr = socket.recv_fds(ours, 1, 1)
+    serve(fd)
+    os.write(go_write, b"x")
+    with os.fdopen(read, "rb") as pipe:
+        seen = json.loads(pipe.read())
+    os.waitpid(pid, 0)
+    assert isinstance(seen, dict), f"the filter was not installed: {seen}"
+    return seen
+
+
 @pytest.mark.skipif(not seccomp.supported(), reason="seccomp's filter covers x86_64 and aarch64")
 def test_the_listener_lets_the_allowed_port_through_and_refuses_and_records_the_rest(
     tmp_path: Path,
@@ -229,32 +262,19 @@ def test_the_listener_lets_the_allowed_port_through_and_refuses_and_records_the_
     unix_server.bind(unix_path)
     unix_server.listen()
     allowed = int(server.getsockname()[1])
-    ours, theirs = socket.socketpair()
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover (the child reports through the pipe)
-        try:
-            listener: list[int] = []
-            why = seccomp.close_datagrams(listener)
-            if why is None:
-                socket.send_fds(theirs, [b"L"], listener)
-                os.close(listener[0])
-            os.write(write, json.dumps(why or _knock(allowed, 9, unix_path)).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    _msg, (fd,), _flags, _addr = socket.recv_fds(ours, 1, 1)
     path = tmp_path / refusals.DENIED_FILE
-    supervisor = refusals.Supervisor(fd, str(path), [allowed])
-    thread = threading.Thread(target=supervisor.serve, daemon=True)
-    thread.start()
-    with os.fdopen(read, "rb") as pipe:
-        seen = json.loads(pipe.read())
-    os.waitpid(pid, 0)
-    thread.join(10)
+    threads: list[threading.Thread] = []
+
+    def serve(listener: int) -> None:
+        supervisor = refusals.Supervisor(listener, str(path), [allowed])
+        threads.append(threading.Thread(target=supervisor.serve, daemon=True))
+        threads[0].start()
+
+    seen = _with_listener(lambda: _knock(allowed, 9, unix_path), serve)
+    threads[0].join(10)
     server.close()
     unix_server.close()
-    assert not thread.is_alive(), "the supervisor did not end with its last process"
+    assert not threads[0].is_alive(), "the supervisor did not end with its last process"
     assert seen == {
         "allowed": "ok",
         "refused": "EACCES",
@@ -274,28 +294,7 @@ def test_the_listener_lets_the_allowed_port_through_and_refuses_and_records_the_
 def test_without_its_listener_the_filter_fails_closed() -> None:
     """The shim gone (its listener closed), every call the filter would ask about fails
     with ``ENOSYS``: none goes through unasked. Other calls work on."""
-    ours, theirs = socket.socketpair()
-    read, write = os.pipe()
-    go_read, go_write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover (the child reports through the pipe)
-        try:
-            listener: list[int] = []
-            why = seccomp.close_datagrams(listener)
-            if why is None:
-                socket.send_fds(theirs, [b"L"], listener)
-                os.close(listener[0])
-                os.read(go_read, 1)  # the listener is closed now
-            os.write(write, json.dumps(why or _knock(9, 9, "/nonexistent")).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    _msg, (fd,), _flags, _addr = socket.recv_fds(ours, 1, 1)
-    os.close(fd)
-    os.write(go_write, b"x")
-    with os.fdopen(read, "rb") as pipe:
-        seen = json.loads(pipe.read())
-    os.waitpid(pid, 0)
+    seen = _with_listener(lambda: _knock(9, 9, "/nonexistent"), os.close)
     assert seen == {
         "allowed": "ENOSYS",
         "refused": "ENOSYS",

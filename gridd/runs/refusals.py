@@ -41,6 +41,11 @@ when the run ends. The daemon reads the file from its recorded offset (``runs/wa
 publishes ``agent.sandbox_denied`` through the same rate limit as the proxy's refusals
 (``egress.DenialLimit``): exactly once across a daemon restart.
 
+Not recorded: i386's ``socketcall`` (on x86_64), which the filter refuses outright (its
+arguments are in memory, out of the filter's sight), and a connection or listener whose
+address the shim cannot read (the process made itself undumpable): Landlock refuses it
+unseen.
+
 An agent cannot install a seccomp listener of its own (the kernel refuses a second one in
 a process's filter chain, ``EBUSY``). The box executors (podman, Kubernetes: the in-box
 shim, ``runs/boxshim.py``) take no sandboxed profile (``sandbox_unavailable``: the box is

@@ -138,8 +138,9 @@ class RunWatch:
         return self.unread_data() or os.path.exists(self.output.log_path.parent / "exit.json")
 
     def unread_data(self) -> bool:
-        """True when output, heartbeats or refusals wait to be read (or a look's result waits to be
-        published again): the safety-net sweep's question, three ``stat`` calls."""
+        """True when output, heartbeats or refusals wait to be read (or a look's result
+        waits to be published again): the safety-net sweep's question, three ``stat``
+        calls."""
         if self.pending or self.held is not None or self.output.size() > self.output.offset:
             return True
         if self.denied.size() > self.denied.offset:

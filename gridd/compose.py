@@ -109,7 +109,8 @@ def compose(
         worktrees=worktrees,
         background=background,
         ahead=settings.scheduler.prepare_ahead,
-        busy=lambda: roster.starting | roster.finishing,
+        # A run set aside (its claim lost) is in its worktree until finished, its task ready.
+        busy=lambda: roster.starting | roster.finishing | roster.disowned.keys(),
     )
     pool = AgentPool(
         workspace=workspace,

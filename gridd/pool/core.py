@@ -21,6 +21,7 @@ The roster's tables are the pool's: others read them through read-only views
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from types import MappingProxyType
 
@@ -182,9 +183,18 @@ class AgentPool:
         await self.spawner.start(task_id, profile_name)
 
     async def reattach(self, agent: Agent) -> None:
-        if agent.claim_pending:  # before its monitor can finish it
-            self.spawner.recheck_claim(agent)
-        await self.reattacher.reattach(agent)
+        if not agent.claim_pending:
+            await self.reattacher.reattach(agent)
+            return
+        # The recheck's gate is set before the run's monitor can finish it; its answer is
+        # acted on once the run is registered: a box's reattach awaits the engine in a
+        # thread, and a stop asked for meanwhile would find no run to stop.
+        reattached = asyncio.get_running_loop().create_future()
+        self.spawner.recheck_claim(agent, after=reattached)
+        try:
+            await self.reattacher.reattach(agent)
+        finally:
+            reattached.set_result(None)
 
     def request_stop(self, agent_id: str, reason: str, *, force: bool = False) -> None:
         self.stopper.request_stop(agent_id, reason, force=force)

@@ -194,10 +194,11 @@ class Spawner:
         why = "claim unanswered" if isinstance(outcome, Exception) else "claim lost"
         self.monitor.stopper.request_stop(agent_id, why, force=True)
 
-    def recheck_claim(self, agent: Agent) -> None:
+    def recheck_claim(self, agent: Agent, *, after: Awaitable[None]) -> None:
         """An earlier daemon started this run while its task's claim was in flight and died
         before the answer: ask again (a claim bd already granted is granted again) before the
-        run is finished, and treat a loss as ``_own`` does.
+        run is finished, and treat a loss as ``_own`` does, once ``after`` (the run's
+        reattach) is done: a stop asked for before it would find no run to stop.
 
         A claim that cannot be asked any more (the task's source is no longer configured)
         is an unanswered one: the run's work is set aside, never committed unchecked. A
@@ -218,6 +219,7 @@ class Spawner:
 
         async def answered() -> None:
             try:
+                await after
                 await self._own(task.id, agent.id, worktree, claim)
             finally:
                 self.ctx.roster.claims.pop(task.id, None)

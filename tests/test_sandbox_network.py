@@ -14,6 +14,7 @@ with the sandbox off (the control), where it works, so the tests prove the sandb
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -654,3 +655,90 @@ def test_a_stopping_daemon_ends_an_agents_open_tunnel_and_does_not_wait_on_it(
         assert "tunnel HTTP/1.1 200 Connection established" in log.read_text()
     finally:
         server.close()
+
+
+def test_the_proxys_port_reaches_the_proxy_and_no_other_host(
+    repo: Path, listeners: tuple[Hello, Hello]
+) -> None:
+    """Landlock's TCP rules name a port, not an address: on their own they let an agent
+    reach a server of anyone's listening on its proxy's port at another address. The
+    shim connects an internet socket itself, and only to the proxy: a connection to
+    127.0.0.2 on that port is refused and an event, while the proxy is reached, by a
+    blocking ``connect`` and by a non-blocking one (``EINPROGRESS``, as ever)."""
+    assert refusals.PROXY_HOST == egress.LOOPBACK  # where the shim connects is the proxy's
+    _, allowed = listeners
+    write_core_config(
+        repo,
+        agents={
+            "boxed": {
+                "command": [
+                    "python3",
+                    "-c",
+                    "\n".join(
+                        [
+                            "import errno, json, os, select, socket, time",
+                            "from urllib.parse import urlsplit",
+                            "port = urlsplit(os.environ['HTTPS_PROXY']).port",
+                            "while not os.path.exists('go'): time.sleep(0.05)",
+                            "def hello(s):",
+                            "    s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n')",
+                            "    return 'allowed' if b'hello' in s.recv(64) else 'no hello'",
+                            "def tunnel(s):",
+                            f"    s.sendall(b'CONNECT 127.0.0.1:{allowed.port} HTTP/1.1\\r\\n\\r\\n')",
+                            "    head = s.recv(64)",
+                            "    return hello(s) if b' 200 ' in head else repr(head)",
+                            "out = {}",
+                            "try:",
+                            "    out['elsewhere'] = hello(socket.create_connection(('127.0.0.2', port)))",
+                            "except OSError as e:",
+                            "    out['elsewhere'] = f'denied {errno.errorcode[e.errno]}'",
+                            "s = socket.socket()",
+                            "s.connect(('127.0.0.1', port))",
+                            "out['blocking'] = tunnel(s)",
+                            "s = socket.socket()",
+                            "s.setblocking(False)",
+                            "out['started'] = errno.errorcode.get(s.connect_ex(('127.0.0.1', port)), 'ok')",
+                            "select.select([], [s], [], 5)",
+                            "s.setblocking(True)",
+                            "out['nonblocking'] = tunnel(s)",
+                            "print('results', json.dumps(out), flush=True)",
+                        ]
+                    ),
+                ],
+                "sandbox": _allowlist(allowed),
+            }
+        },
+        scheduler={"default_agent": "boxed"},
+    )
+    with core_daemon(repo) as daemon:
+        c = daemon.client()
+        agent = _started(c, "elsewhere")
+        port = int(agent["sandbox"]["proxyPort"])
+        # Anyone's server, on another loopback address, on the proxy's port.
+        elsewhere = socket.create_server(("127.0.0.2", port))
+        reached: list[bytes] = []
+
+        def serve() -> None:
+            with contextlib.suppress(OSError):
+                conn, _ = elsewhere.accept()
+                with conn:
+                    reached.append(conn.recv(64))
+                    conn.sendall(b"hello\n")
+
+        threading.Thread(target=serve, daemon=True).start()
+        try:
+            (Path(agent["worktreePath"]) / "go").touch()
+            wait_task_status(c, "net", "review", timeout=60)
+        finally:
+            elsewhere.close()
+        denied = [e.data for e in event_log(c, types={"agent.sandbox_denied"})]
+    printed = (Path(agent["runDir"]) / "output.log").read_text()
+    line = next(x for x in printed.splitlines() if x.startswith("results "))
+    assert json.loads(line.split(" ", 1)[1]) == {
+        "elsewhere": "denied EACCES",
+        "blocking": "allowed",
+        "started": "EINPROGRESS",
+        "nonblocking": "allowed",
+    }, printed
+    assert reached == [], "a connection reached another host on the proxy's port"
+    assert _kernel(denied) == [("connect", f"127.0.0.2:{port}")], denied

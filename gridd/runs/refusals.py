@@ -13,20 +13,33 @@ agent never holds it. A ``socket()`` the filter refuses, and every ``connect()``
 
 - ``socket()``: refused with ``EACCES``, recorded (``socket``, ``udp``/``icmp``/``raw``/
   ``packet``/``type N``);
-- ``connect()`` to an internet address on a port Landlock allows (the proxy's, the same
-  ``connect_ports`` given to Landlock: ``landlock_rules.connect_ports``), and anything that
-  is no internet address (a Unix socket's path, ``AF_UNSPEC``, an address that cannot be
-  read): let through (``SECCOMP_USER_NOTIF_FLAG_CONTINUE``): Landlock still decides;
-- any other ``connect()``, and every ``bind()``, to an internet address: refused with
-  ``EACCES`` (what Landlock would answer: it allows no TCP bind and no other port) and
-  recorded (``connect``/``bind``, ``203.0.113.5:443`` or ``[::1]:8080``).
+- ``connect()`` of an internet socket (the shim takes a copy of the agent's descriptor,
+  ``pidfd_getfd``, and asks the socket itself, whose family cannot change): to the run's
+  proxy, ``PROXY_HOST`` on a port Landlock allows (the same ``connect_ports`` given to
+  Landlock: ``landlock_rules.connect_ports``), the shim connects the agent's own socket
+  there itself, to the address it read, and answers with what that ``connect`` returned
+  (``EINPROGRESS`` for a non-blocking socket, as the agent's own call would); to anywhere
+  else, refused;
+- ``connect()`` of any other socket (a Unix socket's path): let through
+  (``SECCOMP_USER_NOTIF_FLAG_CONTINUE``): Landlock still decides, and no address can make
+  a Unix socket reach the network;
+- every ``bind()`` to an internet address, and any other ``connect()`` to one: refused
+  with ``EACCES`` (what Landlock would answer: it allows no TCP bind and no other port)
+  and recorded (``connect``/``bind``, ``203.0.113.5:443`` or ``[::1]:8080``).
 
-Why this is safe: the listener only ever refuses more, never lets through what the kernel
-would refuse. A call let through goes on to Landlock's own check, on the address the kernel
-reads itself; so an agent that changes the address between the shim's read and the kernel's
-(the classic race of a seccomp supervisor) gains nothing. The address is read from the
-agent's memory (``/proc/<pid>/mem``), and the notification checked to be still pending
-afterwards (``SECCOMP_IOCTL_NOTIF_ID_VALID``: the pid was not reused meanwhile). If the
+Why this is safe: the listener never hands the kernel an internet connection to decide.
+Landlock's TCP rules name a port and no address, so on their own they let an agent reach
+any host on its proxy's port (a server of its own, listening there); the shim makes that
+connection itself, to the proxy's address and to no other, from the bytes it read: an
+agent that changes the address in its memory after the shim read it (the classic race of
+a seccomp supervisor) changes nothing. What goes back to the kernel (a Unix socket's
+``connect``, any ``bind``) meets Landlock's own check on the address the kernel reads
+itself, and Landlock allows no TCP ``bind`` at all. The address is read from the agent's
+memory (``/proc/<pid>/mem``), and the notification checked to be still pending afterwards
+(``SECCOMP_IOCTL_NOTIF_ID_VALID``: the pid was not reused meanwhile). Where the shim may
+not take the agent's descriptor (``pidfd_getfd`` needs the ptrace access that reading its
+memory does: a Yama ``ptrace_scope`` of 2 or 3 refuses both), a ``connect()`` to an allowed
+port goes back to Landlock, which decides by the port alone. If the
 shim dies, its listener closes and every notified call fails with ``ENOSYS``: a refusal
 still, though an allowed connection to the proxy fails as well (fail-closed; the run is an
 orphan then anyway). A refused ``connect()`` or ``bind()`` may say ``EACCES`` where the
@@ -90,6 +103,24 @@ SOCK_DGRAM, SOCK_RAW = 2, 3
 IPPROTO_ICMP, IPPROTO_ICMPV6 = 1, 58
 #: The longest address read: a ``sockaddr_in6``.
 SOCKADDR_IN6 = 28
+#: Where a run's proxy listens (``egress.LOOPBACK``), as an ``AF_INET`` socket and as an
+#: ``AF_INET6`` one spells it: the only address an allowed port is reached at.
+PROXY_HOST = "127.0.0.1"
+PROXY_HOSTS = (PROXY_HOST, "::ffff:" + PROXY_HOST)
+#: ``pidfd_getfd(2)``: the same number on every architecture (the unified table).
+SYS_PIDFD_GETFD = 438
+
+
+_libc: list[object] = []
+
+
+def _syscall(*args: int) -> int:
+    """libc's ``syscall`` (loaded once; ``ctypes``: the shim preloads it): -1 on failure."""
+    if not _libc:
+        import ctypes
+
+        _libc.append(ctypes.CDLL(None, use_errno=True).syscall)
+    return int(_libc[0](*args))  # type: ignore[operator]
 
 
 def socket_target(family: int, kind: int, protocol: int) -> str:
@@ -104,18 +135,18 @@ def socket_target(family: int, kind: int, protocol: int) -> str:
     return f"type {kind}"
 
 
-def address(data: bytes, inet_ntop: object) -> tuple[str, int] | None:
-    """``(host:port as written, port)`` of an internet ``sockaddr``; None for any other
-    family, or one too short to be whole."""
+def address(data: bytes, inet_ntop: object) -> tuple[str, int, int, str] | None:
+    """``(host:port as written, port, family, host)`` of an internet ``sockaddr``; None for
+    any other family, or one too short to be whole."""
     if len(data) < 2:
         return None
     family = int.from_bytes(data[:2], "little")
     if family == AF_INET and len(data) >= 8:
-        port = int.from_bytes(data[2:4], "big")
-        return f"{'.'.join(str(b) for b in data[4:8])}:{port}", port
+        port, host = int.from_bytes(data[2:4], "big"), ".".join(str(b) for b in data[4:8])
+        return f"{host}:{port}", port, family, host
     if family == AF_INET6 and len(data) >= 24:
-        port = int.from_bytes(data[2:4], "big")
-        return f"[{inet_ntop(AF_INET6, data[8:24])}]:{port}", port  # type: ignore[operator]
+        port, host = int.from_bytes(data[2:4], "big"), inet_ntop(AF_INET6, data[8:24])  # type: ignore[operator]
+        return f"[{host}]:{port}", port, family, str(host)
     return None
 
 
@@ -186,11 +217,25 @@ class Supervisor:
             refused = ("socket", socket_target(args[0], args[1], args[2]))
         elif call in ("connect", "bind"):
             data = self._read(pid, args[1], min(args[2], SOCKADDR_IN6))
+            theirs = self._socket(pid, args[0]) if call == "connect" else None
             if not self._pending(ident):
+                if theirs is not None:
+                    theirs.close()
                 return  # it ended meanwhile: the pid may be another process's now
             found = address(data, inet_ntop) if data is not None else None
-            if found is not None and not (call == "connect" and found[1] in self.allowed):
-                refused = (str(call), found[0])
+            if theirs is not None and theirs.family in (AF_INET, AF_INET6):
+                # An internet socket: never the kernel's to connect (Landlock would let any
+                # host's proxy port through). To the proxy we connect it ourselves.
+                if found is not None and found[1] in self.allowed and found[3] in PROXY_HOSTS:
+                    self._connect_for(ident, theirs, found[2], found[3], found[1])
+                    return
+                theirs.close()
+                refused = ("connect", found[0] if found is not None else "unspecified")
+            else:
+                if theirs is not None:
+                    theirs.close()
+                if found is not None and not (call == "connect" and found[1] in self.allowed):
+                    refused = (str(call), found[0])
         if refused is None:
             self._answer(ident, 0, FLAG_CONTINUE)  # Landlock decides
             return
@@ -208,6 +253,52 @@ class Supervisor:
             return None
         finally:
             os.close(fd)
+
+    def _socket(self, pid: int, fd: int):  # type: ignore[no-untyped-def]
+        """A copy of the caller's descriptor ``fd`` (``pidfd_getfd``), as a socket; None if
+        it cannot be taken (no ptrace access, an old kernel, gone) or is no socket."""
+        import _socket
+
+        try:
+            with open(f"/proc/{pid}/status", "rb") as fh:  # the thread's process
+                tgid = int(next(x for x in fh if x.startswith(b"Tgid:")).split()[1])
+            pidfd = os.pidfd_open(tgid)
+        except (OSError, StopIteration, ValueError):
+            return None
+        try:
+            ours = _syscall(SYS_PIDFD_GETFD, pidfd, fd, 0)
+        finally:
+            os.close(pidfd)
+        if ours < 0:
+            return None
+        try:
+            return _socket.socket(fileno=ours)
+        except OSError:
+            os.close(ours)
+            return None
+
+    def _connect_for(self, ident: int, theirs, family: int, host: str, port: int) -> None:  # type: ignore[no-untyped-def]
+        """Connect the agent's socket to ``host:port`` (what we read, not what its memory
+        says now) and answer with the outcome. A blocking socket's ``connect`` can wait
+        (a proxy whose backlog is full): it is made in a thread of its own, so that the
+        run's other calls are answered meanwhile."""
+        if not os.get_blocking(theirs.fileno()):
+            theirs.settimeout(0.0)  # as the agent's own call: EINPROGRESS, not a wait
+            self._connected(ident, theirs, family, host, port)
+            return
+        import _thread
+
+        _thread.start_new_thread(self._connected, (ident, theirs, family, host, port))
+
+    def _connected(self, ident: int, theirs, family: int, host: str, port: int) -> None:  # type: ignore[no-untyped-def]
+        try:
+            where = (host, port) if family == AF_INET else (host, port, 0, 0)
+            failed = theirs.connect_ex(where) if theirs.family == family else errno.EAFNOSUPPORT
+        except (OSError, OverflowError, TypeError):
+            failed = errno.EINVAL
+        finally:
+            theirs.close()  # our copy; the agent's descriptor is the one it had
+        self._answer(ident, -failed, 0)
 
     def _pending(self, ident: int) -> bool:
         try:

@@ -214,7 +214,7 @@ class _End(asyncio.BufferedProtocol):
         # 3.12's write buffer does), and this buffer is read into again.
         data = bytes(self.buffer[:nbytes])
         peer = self.peer
-        if self.relay.started and peer is not None and peer.transport is not None:
+        if self.relay.flowing and peer is not None and peer.transport is not None:
             peer.transport.write(data)
             return
         # Not started: its peer's transport may be made already, but the other way's early
@@ -233,7 +233,7 @@ class _End(asyncio.BufferedProtocol):
     def eof_received(self) -> bool:
         self.ended = True
         peer = self.peer
-        if not self.relay.started:
+        if not self.relay.flowing:
             return True  # passed on once the relay starts, after what came before it
         if peer is None or peer.transport is None or peer.transport.is_closing() or peer.ended:
             self.relay.close()
@@ -251,7 +251,7 @@ class _End(asyncio.BufferedProtocol):
     def resume_writing(self) -> None:
         if self.peer is not None and self.peer.transport is not None:
             self.peer.held = False
-            if self.relay.started:
+            if self.relay.flowing:
                 self.peer.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -266,7 +266,7 @@ class StreamRelay:
         self.sockets = (client, server)
         self.ends = (_End(self), _End(self))
         self.ends[0].peer, self.ends[1].peer = self.ends[1], self.ends[0]
-        self.started = False  # both ends made, and what they read before written on
+        self.flowing = False  # both ends made, and what they read before written on
         self._lost = 0
         self._over: asyncio.Future[None] | None = None
         self._aborted = False
@@ -301,7 +301,7 @@ class StreamRelay:
             end.early.clear()
             if end.ended and peer.transport.can_write_eof():
                 peer.transport.write_eof()
-        self.started = True
+        self.flowing = True
         if all(end.ended for end in self.ends):
             self.close()  # both ways were over before it started
             return

@@ -33,13 +33,19 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 
 
 class CountingBoxes(DirectoryBoxes):
-    """Directory boxes that note each exec of the shim's commands."""
+    """Directory boxes that note each exec of the shim's commands. While ``looks`` is
+    clear, a look (``poll``, the mirror's, from its own thread) waits for it, at most 10 s,
+    before it is noted: a test can then tell the spawn's execs from the mirror's."""
 
     def __init__(self, base: Path) -> None:
         super().__init__(base)
         self.execs: list[str] = []
+        self.looks = threading.Event()
+        self.looks.set()
 
     def exec(self, name: str, args: list[str], *, stdin: bytes = b"") -> bytes:
+        if args[0] == "poll":
+            self.looks.wait(10)
         self.execs.append(args[0])
         return super().exec(name, args, stdin=stdin)
 
@@ -75,12 +81,14 @@ async def spawn_sleeper(executor: RemoteExecutor, repo: Path, tmp_path: Path) ->
 async def test_a_spawn_hears_the_agent_start_from_the_shims_news_without_an_exec(
     repo: Path, tmp_path: Path, boxes: CountingBoxes, executor: RemoteExecutor
 ) -> None:
+    boxes.looks.clear()  # the mirror's first look, once the spawn returned, waits
     handle = await spawn_sleeper(executor, repo, tmp_path)
     assert handle.pid is not None and handle.exit_status() is None
     assert boxes.execs == []  # no look was needed to know it runs
     agent = json.loads((tmp_path / "runs" / "r1" / "agent.json").read_text())
     assert agent["pid"] == handle.pid
     # From then on the mirror's looks (execs) copy the run, as for any engine.
+    boxes.looks.set()
     await until(lambda: "poll" in boxes.execs, what="the mirror's first look")
 
 

@@ -50,36 +50,53 @@ def parse_beat(line: str) -> Beat | str:
     )
 
 
-class HeartbeatReader:
-    """Reads new complete lines from a heartbeat file, from a persisted byte offset."""
+class LineReader:
+    """New complete lines of a file that an agent's run appends to (its heartbeats, the
+    shim's record of refusals: ``runs/watch.py``), from a persisted byte offset."""
 
     def __init__(self, path: Path, offset: int = 0) -> None:
         self.path = path
         self._path = str(path)  # stat'ed once per look at the run: no Path work there
         self.offset = offset
 
-    def poll(self) -> tuple[list[Beat], list[str]]:
+    def size(self) -> int:
         try:
-            size = os.stat(self._path).st_size
+            return os.stat(self._path).st_size
         except FileNotFoundError:
-            return [], []
+            return 0
+
+    def lines(self) -> tuple[list[bytes], bool]:
+        """The complete lines written since the last call (a line still being written
+        waits), and whether a runaway line (``MAX_LINE`` bytes without a newline) was
+        skipped meanwhile."""
+        size = self.size()
         if size < self.offset:
             self.offset = 0  # truncated and rewritten: start over
         if size == self.offset:
-            return [], []
-        with self.path.open("rb") as fh:
+            return [], False
+        with open(self._path, "rb") as fh:
             fh.seek(self.offset)
             data = fh.read(size - self.offset)
         end = data.rfind(b"\n")
         if end < 0:
             if len(data) > MAX_LINE:  # a runaway line with no newline: skip it
                 self.offset = size
-                return [], [f"heartbeat line longer than {MAX_LINE} bytes skipped"]
-            return [], []  # wait for the rest of the line
+                return [], True
+            return [], False  # wait for the rest of the line
         self.offset += end + 1
+        return data[:end].split(b"\n"), False
+
+
+class HeartbeatReader(LineReader):
+    """Reads new heartbeats from a heartbeat file, from a persisted byte offset."""
+
+    def poll(self) -> tuple[list[Beat], list[str]]:
+        found, skipped = self.lines()
+        if skipped:
+            return [], [f"heartbeat line longer than {MAX_LINE} bytes skipped"]
         beats: list[Beat] = []
         warnings: list[str] = []
-        for raw in data[:end].split(b"\n"):
+        for raw in found:
             line = raw.decode("utf-8", errors="replace").strip()
             if not line:
                 continue

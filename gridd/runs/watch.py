@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gridd.adapters import base
-from gridd.adapters.beat import Beat, HeartbeatReader
+from gridd.adapters.beat import Beat, HeartbeatReader, LineReader
 from gridd.runs.output import Chunk, OutputLog
 from gridd.runs.refusals import DENIED_FILE
 
@@ -33,33 +33,13 @@ class Denial:
     unreported: int = 0
 
 
-class DeniedReader:
-    """New complete lines of ``denied.ndjson``, from a persisted byte offset (the shim
-    writes at most a few lines a minute: the file is read whole past the offset)."""
-
-    def __init__(self, path: Path, offset: int = 0) -> None:
-        self.path = str(path)
-        self.offset = offset
-
-    def size(self) -> int:
-        try:
-            return os.stat(self.path).st_size
-        except FileNotFoundError:
-            return 0
+class DeniedReader(LineReader):
+    """New refusals in ``denied.ndjson``, from a persisted byte offset (the shim writes at
+    most a few lines a minute)."""
 
     def poll(self) -> list[Denial]:
-        size = self.size()
-        if size <= self.offset:
-            return []
-        with open(self.path, "rb") as fh:
-            fh.seek(self.offset)
-            data = fh.read(size - self.offset)
-        end = data.rfind(b"\n")
-        if end < 0:
-            return []  # the shim's line is half written: the rest comes
-        self.offset += end + 1
         found = []
-        for line in data[:end].splitlines():
+        for line in self.lines()[0]:
             try:
                 doc = json.loads(line)
                 found.append(Denial(str(doc["kind"]), str(doc["target"]), int(doc["unreported"])))
@@ -143,12 +123,10 @@ class RunWatch:
         calls."""
         if self.pending or self.held is not None or self.output.size() > self.output.offset:
             return True
-        if self.denied.size() > self.denied.offset:
-            return True
-        try:
-            return os.stat(self.heartbeats.path).st_size > self.heartbeats.offset
-        except FileNotFoundError:
-            return False
+        return (
+            self.denied.size() > self.denied.offset
+            or self.heartbeats.size() > self.heartbeats.offset
+        )
 
     def hold(self, polled: Poll) -> None:
         """Keep a look whose publishing failed (a full disk): the next ``poll`` returns it

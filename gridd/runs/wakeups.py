@@ -45,13 +45,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gridd.runs import refusals
+
 log = logging.getLogger(__name__)
 
 #: The files in a run directory whose change means there is data to read...
 BEATS_FILE = b"heartbeat.ndjson"
 #: The shim's record of what the kernel refused the run (``runs/refusals.py``): looked at
 #: with the heartbeats.
-DENIED_FILE = b"denied.ndjson"
+DENIED_FILE = refusals.DENIED_FILE.encode()
 DATA_FILES = frozenset({b"output.log", BEATS_FILE, DENIED_FILE})
 #: ... and the one whose arrival means the run may have ended (the shim renames it in).
 EXIT_FILE = b"exit.json"

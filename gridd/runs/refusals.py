@@ -218,24 +218,23 @@ class Supervisor:
         elif call in ("connect", "bind"):
             data = self._read(pid, args[1], min(args[2], SOCKADDR_IN6))
             theirs = self._socket(pid, args[0]) if call == "connect" else None
-            if not self._pending(ident):
-                if theirs is not None:
-                    theirs.close()
-                return  # it ended meanwhile: the pid may be another process's now
+            pending = self._pending(ident)  # if not, the pid may be another process's now
             found = address(data, inet_ntop) if data is not None else None
-            if theirs is not None and theirs.family in (AF_INET, AF_INET6):
-                # An internet socket: never the kernel's to connect (Landlock would let any
-                # host's proxy port through). To the proxy we connect it ourselves.
-                if found is not None and found[1] in self.allowed and found[3] in PROXY_HOSTS:
-                    self._connect_for(ident, theirs, found[2], found[3], found[1])
-                    return
+            # An internet socket's connect is never the kernel's to make (Landlock would let
+            # any host's proxy port through): to the proxy we connect it ourselves.
+            inet = theirs is not None and theirs.family in (AF_INET, AF_INET6)
+            allowed = found is not None and call == "connect" and found[1] in self.allowed
+            if pending and inet and allowed and found is not None and found[3] in PROXY_HOSTS:
+                self._connect_for(ident, theirs, found[2], found[3], found[1])
+                return
+            if theirs is not None:
                 theirs.close()
+            if not pending:
+                return
+            if inet:
                 refused = ("connect", found[0] if found is not None else "unspecified")
-            else:
-                if theirs is not None:
-                    theirs.close()
-                if found is not None and not (call == "connect" and found[1] in self.allowed):
-                    refused = (str(call), found[0])
+            elif found is not None and not allowed:
+                refused = (str(call), found[0])
         if refused is None:
             self._answer(ident, 0, FLAG_CONTINUE)  # Landlock decides
             return
